@@ -1,0 +1,57 @@
+/*
+ * The core API as a table of function pointers, with the exact signatures of
+ * fab_core.h. Consumers that must drive the plugin "the way NCCL does"
+ * (functional tests, netbench) are written once against this table; the
+ * generator renders, for every ABI version, a driver that fills it by calling
+ * through that version's own exported table (generated/drivers/). fab_api_core
+ * fills it with the core functions themselves.
+ *
+ * Drivers for versions that lack a member (for example init with a context
+ * before v11) adapt: init_ctx falls back to the version's own init, and an
+ * absent optional member is NULL.
+ */
+#ifndef FAB_API_H
+#define FAB_API_H
+
+#include "fab_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fab_api {
+  const char* name;      /* the table's name string, e.g. "Fabric" */
+  int version;           /* ABI version the driver calls through; 0 for the core itself */
+  int size_is_int;       /* 1 when isend/irecv take int sizes (net v6..v8) */
+  int max_handle_size;   /* bytes of the connection handle */
+
+  fab_result (*init)(fab_ctx** ctx, uint64_t comm_id, const fab_comm_config* config, fab_logger_fn logger,
+                     fab_profiler_fn profiler);
+  fab_result (*finalize)(fab_ctx* ctx);
+  fab_result (*devices)(int* ndev);
+  fab_result (*get_properties)(int dev, fab_properties* props);
+  fab_result (*make_vdevice)(int* dev, const fab_vdevice_props* props);
+  fab_result (*set_net_attr)(fab_ctx* ctx, const fab_net_attr* attr);
+  fab_result (*listen)(fab_ctx* ctx, int dev, void* handle, void** listen_comm);
+  fab_result (*connect)(fab_ctx* ctx, int dev, const fab_comm_config* config, void* handle, void** send_comm,
+                        void** dev_handle);
+  fab_result (*accept)(void* listen_comm, void** recv_comm, void** dev_handle);
+  fab_result (*close_send)(void* send_comm);
+  fab_result (*close_recv)(void* recv_comm);
+  fab_result (*close_listen)(void* listen_comm);
+  fab_result (*reg_mr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  fab_result (*reg_mr_dmabuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                              void** mhandle);
+  fab_result (*dereg_mr)(void* comm, void* mhandle);
+  fab_result (*isend)(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
+                      void** request);
+  fab_result (*irecv)(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags, void** mhandles,
+                      void** phandles, void** request);
+  fab_result (*iflush)(void* recv_comm, int n, void** data, const int* sizes, void** mhandles, void** request);
+  fab_result (*test)(void* request, int* done, int* sizes);
+} fab_api;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FAB_API_H */

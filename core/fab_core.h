@@ -1,0 +1,167 @@
+/*
+ * The core engine's public interface: one version-free API that every
+ * generated ABI shim calls. Nothing here knows which NCCL table version is in
+ * use; shims widen, narrow, default and stash arguments as the specs in abi/
+ * say, then call these functions.
+ *
+ * Conventions
+ *  - Every function returns fab_result. Its numeric values equal ncclResult_t
+ *    so shims pass results straight through.
+ *  - Every failure logs exactly one WARN line saying what went wrong and what
+ *    to do about it.
+ *  - Sizes are size_t. Where every ABI version uses int (test and iflush
+ *    sizes), the core takes int and guarantees it never writes a value that
+ *    does not fit.
+ *  - Comms, requests and memory handles are opaque pointers owned by the core.
+ */
+#ifndef FAB_CORE_H
+#define FAB_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  FAB_OK = 0,
+  FAB_ERR_CUDA = 1,          /* ncclUnhandledCudaError */
+  FAB_ERR_SYSTEM = 2,        /* ncclSystemError: network, library or kernel failure */
+  FAB_ERR_INTERNAL = 3,      /* ncclInternalError: the runtime misused the API */
+  FAB_ERR_INVALID_ARG = 4,   /* ncclInvalidArgument */
+  FAB_ERR_INVALID_USAGE = 5, /* ncclInvalidUsage: user or configuration error */
+  FAB_ERR_REMOTE = 6,        /* ncclRemoteError: the peer failed or sent garbage */
+} fab_result;
+
+/* Log levels and subsystem flags, numerically equal to NCCL's. */
+enum { FAB_LOG_NONE = 0, FAB_LOG_VERSION = 1, FAB_LOG_WARN = 2, FAB_LOG_INFO = 3, FAB_LOG_ABORT = 4, FAB_LOG_TRACE = 5 };
+enum { FAB_SUBSYS_INIT = 0x1, FAB_SUBSYS_NET = 0x10, FAB_SUBSYS_ENV = 0x80, FAB_SUBSYS_ALLOC = 0x100, FAB_SUBSYS_ALL = ~0 };
+
+typedef void (*fab_logger_fn)(int level, unsigned long flags, const char* file, int line, const char* fmt, ...);
+typedef fab_result (*fab_profiler_fn)(void** event_handle, int type, void* profiler_handle, int64_t plugin_id,
+                                      void* ext_data);
+
+/* Pointer kinds (NCCL_PTR_*). */
+enum { FAB_PTR_HOST = 0x1, FAB_PTR_CUDA = 0x2, FAB_PTR_DMABUF = 0x4 };
+
+enum {
+  FAB_HANDLE_SIZE = 128,     /* the connection handle NCCL carries between ranks */
+  FAB_MAX_RECVS = 8,         /* largest n of a grouped receive */
+  FAB_MAX_REQUESTS = 32,     /* outstanding requests per comm (per sub-receive slot) */
+  FAB_MAX_VDEV_DEVS = 8,     /* largest vProps devs[] of any version */
+  FAB_NAME_MAX = 256,
+};
+
+/* NCCL_NET_OPTIONAL_RECV_COMPLETION: what NCCL may store in *request before irecv. */
+#define FAB_REQUEST_HINT_OPTIONAL_COMPLETION ((void*)0x1)
+
+typedef struct {
+  int ndevs;
+  int devs[FAB_MAX_VDEV_DEVS];
+} fab_vdevice_props;
+
+/* Superset of every version's device properties. Strings are owned by the core
+ * and stay valid until the last finalize. */
+typedef struct {
+  const char* name;
+  const char* pci_path;       /* NULL when the provider gives no PCI device */
+  uint64_t guid;
+  int ptr_support;            /* FAB_PTR_* bits */
+  int reg_is_global;
+  int force_flush;
+  int speed_mbps;
+  int port;
+  float latency_us;
+  int max_comms;
+  int max_recvs;
+  int net_device_type;        /* 0 = host */
+  int net_device_version;
+  fab_vdevice_props vprops;
+  size_t max_p2p_bytes;
+  size_t max_coll_bytes;
+  int max_multi_request_size;
+  int16_t rail_id;
+  int16_t plane_id;
+} fab_properties;
+
+typedef struct {
+  int traffic_class;          /* -1 = unset */
+} fab_comm_config;
+
+typedef struct {
+  int32_t max_concurrent_peers, min_concurrent_peers, max_flows_per_peer, min_flows_per_peer;
+} fab_comm_attr;
+
+typedef struct {
+  fab_comm_attr send_attr;
+  fab_comm_attr recv_attr;
+  uint32_t op, algo, proto;
+} fab_net_attr;
+
+typedef struct fab_ctx fab_ctx;
+
+/* --- lifetime ---------------------------------------------------------- */
+
+/* Per-communicator init (net v11+): creates a context; the first one also
+ * brings the engine up. Reference counted: each successful fab_init is paired
+ * with one fab_finalize; the last one tears everything down. */
+fab_result fab_init(fab_ctx** ctx, uint64_t comm_id, const fab_comm_config* config, fab_logger_fn logger,
+                    fab_profiler_fn profiler);
+fab_result fab_finalize(fab_ctx* ctx);
+
+/* Process-wide init (net v10 and older): idempotent, never finalized by NCCL.
+ * Comms created with ctx == NULL use the process context. The engine tears it
+ * down when the library is unloaded. */
+fab_result fab_init_process(fab_logger_fn logger, fab_profiler_fn profiler);
+
+/* --- devices ------------------------------------------------------------ */
+
+fab_result fab_devices(int* ndev);
+fab_result fab_get_properties(int dev, fab_properties* props);
+/* Fuses props->ndevs physical devices into a virtual one; returns its index. */
+fab_result fab_make_vdevice(int* dev, const fab_vdevice_props* props);
+fab_result fab_set_net_attr(fab_ctx* ctx, const fab_net_attr* attr);
+
+/* --- connections (all non-blocking) --------------------------------------- */
+
+/* ctx may be NULL (process context). handle points to FAB_HANDLE_SIZE bytes. */
+fab_result fab_listen(fab_ctx* ctx, int dev, void* handle, void** listen_comm);
+/* config may be NULL (use the context's). *send_comm stays NULL until the
+ * connection is ready; call again with the same handle. dev_handle may be
+ * NULL; a host plugin leaves *dev_handle untouched. */
+fab_result fab_connect(fab_ctx* ctx, int dev, const fab_comm_config* config, void* handle, void** send_comm,
+                       void** dev_handle);
+fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle);
+fab_result fab_close_send(void* send_comm);
+fab_result fab_close_recv(void* recv_comm);
+fab_result fab_close_listen(void* listen_comm);
+
+/* --- memory --------------------------------------------------------------- */
+
+/* comm is a send or recv comm. type is FAB_PTR_HOST or FAB_PTR_CUDA. */
+fab_result fab_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle);
+fab_result fab_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mhandle);
+fab_result fab_dereg_mr(void* comm, void* mhandle);
+
+/* --- data ----------------------------------------------------------------- */
+
+/* On success *request is either a request to test, or NULL meaning "cannot
+ * post now, call again". Input values of *request are ignored (the irecv hint
+ * FAB_REQUEST_HINT_OPTIONAL_COMPLETION included): output is always written. */
+fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
+                     void** request);
+fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags, void** mhandles,
+                     void** phandles, void** request);
+/* *request == NULL on success means the flush is already complete. */
+fab_result fab_iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles, void** request);
+/* sizes may be NULL; otherwise receives one entry per buffer of the request
+ * (n for a grouped receive, 1 for a send). Once *done is 1 the request is
+ * freed. */
+fab_result fab_test(void* request, int* done, int* sizes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FAB_CORE_H */
