@@ -161,6 +161,14 @@ fab_result fab_iflush(void* recv_comm, int n, void** data, const int* sizes, voi
  * freed. */
 fab_result fab_test(void* request, int* done, int* sizes);
 
+/* --- helpers the generated shims use ------------------------------------- */
+
+/* Logs one WARN line naming the ABI function, the argument, its value and
+ * what was expected, and returns FAB_ERR_INTERNAL (NCCL misused the API).
+ * Shims call it when a range check of a conversion (narrow, widen of a
+ * negative int, array longer than the version allows) fails. */
+fab_result fab_bad_argument(const char* function, const char* argument, long long value, const char* expected);
+
 #ifdef __cplusplus
 }
 #endif
