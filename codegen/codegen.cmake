@@ -1,0 +1,122 @@
+# Code generation in the build.
+#
+#   fabric_codegen            custom target. With the checked-in generated/ it
+#                             runs `generate.py --check` and fails the build when
+#                             the outputs are stale; with any other
+#                             FABRIC_GENERATED_DIR it renders into that directory
+#                             (also once at configure time, so the sources exist).
+#   fabric_drivers            static library: the generated drivers (fab_api over
+#                             every exported version's table) plus a translation
+#                             unit that compiles every ABI layout assert.
+#   fabric_add_net_plugin(<target> VERSIONS <v>... GENERATED_DIR <dir>)
+#                             SHARED library lib<target>.so: fabric_engine plus
+#                             the chosen versions' shims, exporting exactly their
+#                             ncclNetPlugin_vN symbols.
+
+get_filename_component(FABRIC_TOP ${CMAKE_CURRENT_LIST_DIR} DIRECTORY)
+set(FABRIC_CODEGEN_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/generate.py)
+set(FABRIC_CODEGEN_DEFAULT_DIR ${FABRIC_TOP}/generated)
+
+file(GLOB FABRIC_CODEGEN_INPUTS CONFIGURE_DEPENDS
+     ${FABRIC_ABI_DIR}/*.toml ${FABRIC_TOP}/templates/*.j2 ${CMAKE_CURRENT_LIST_DIR}/*.py
+     ${CMAKE_CURRENT_LIST_DIR}/fabgen/*.py ${FABRIC_TOP}/core/params.toml)
+
+get_filename_component(_fabric_gen_real "${FABRIC_GENERATED_DIR}" REALPATH)
+get_filename_component(_fabric_gen_default "${FABRIC_CODEGEN_DEFAULT_DIR}" REALPATH)
+set(_fabric_gen_args --spec-dir ${FABRIC_ABI_DIR} --params ${FABRIC_TOP}/core/params.toml --quiet)
+
+if(_fabric_gen_real STREQUAL _fabric_gen_default)
+  # The checked-in tree: verify it, never rewrite it behind the developer's back.
+  file(GLOB_RECURSE _fabric_gen_outputs CONFIGURE_DEPENDS ${FABRIC_CODEGEN_DEFAULT_DIR}/*
+       ${FABRIC_TOP}/docs/abi-matrix.md ${FABRIC_TOP}/docs/params.md)
+  set(_stamp ${CMAKE_BINARY_DIR}/codegen-check.stamp)
+  add_custom_command(
+    OUTPUT ${_stamp}
+    COMMAND ${Python3_EXECUTABLE} ${FABRIC_CODEGEN_SCRIPT} ${_fabric_gen_args} --check
+    COMMAND ${CMAKE_COMMAND} -E touch ${_stamp}
+    DEPENDS ${FABRIC_CODEGEN_INPUTS} ${_fabric_gen_outputs}
+    COMMENT "Checking that generated/ matches abi/ (refresh: python3 codegen/generate.py)"
+    VERBATIM)
+else()
+  set(_fabric_gen_args ${_fabric_gen_args} --out-dir ${FABRIC_GENERATED_DIR})
+  message(STATUS "Rendering the ABI layer from ${FABRIC_ABI_DIR} into ${FABRIC_GENERATED_DIR}")
+  execute_process(COMMAND ${Python3_EXECUTABLE} ${FABRIC_CODEGEN_SCRIPT} ${_fabric_gen_args}
+                  RESULT_VARIABLE _rc)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "codegen/generate.py failed for ${FABRIC_ABI_DIR} (see above)")
+  endif()
+  set(_stamp ${CMAKE_BINARY_DIR}/codegen-render.stamp)
+  add_custom_command(
+    OUTPUT ${_stamp}
+    COMMAND ${Python3_EXECUTABLE} ${FABRIC_CODEGEN_SCRIPT} ${_fabric_gen_args}
+    COMMAND ${CMAKE_COMMAND} -E touch ${_stamp}
+    DEPENDS ${FABRIC_CODEGEN_INPUTS}
+    COMMENT "Rendering the ABI layer into ${FABRIC_GENERATED_DIR}"
+    VERBATIM)
+endif()
+add_custom_target(fabric_codegen ALL DEPENDS ${_stamp})
+
+include(${FABRIC_GENERATED_DIR}/exports/fabric_exports.cmake)
+
+# Warnings that catch a spec/core mismatch in generated code as an error.
+set(FABRIC_GENERATED_C_FLAGS -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=return-type)
+
+# ---- drivers -------------------------------------------------------------------------
+
+list(TRANSFORM FABRIC_GEN_DRIVER_SOURCES PREPEND ${FABRIC_GENERATED_DIR}/)
+add_library(fabric_drivers STATIC ${FABRIC_GEN_DRIVER_SOURCES} ${FABRIC_GENERATED_DIR}/${FABRIC_GEN_LAYOUT_CHECK})
+target_include_directories(fabric_drivers PUBLIC ${FABRIC_TOP}/core ${FABRIC_GENERATED_DIR}/abi
+                           ${FABRIC_GENERATED_DIR}/drivers)
+target_compile_options(fabric_drivers PRIVATE ${FABRIC_GENERATED_C_FLAGS})
+add_dependencies(fabric_drivers fabric_codegen)
+
+# ---- the plugin library -----------------------------------------------------------------
+
+function(fabric_add_net_plugin target)
+  cmake_parse_arguments(ARG "" "GENERATED_DIR" "VERSIONS" ${ARGN})
+  if(NOT ARG_GENERATED_DIR)
+    set(ARG_GENERATED_DIR ${FABRIC_GENERATED_DIR})
+  endif()
+  if(NOT ARG_VERSIONS)
+    message(FATAL_ERROR "fabric_add_net_plugin(${target}): VERSIONS is empty")
+  endif()
+  set(sources ${ARG_GENERATED_DIR}/${FABRIC_GEN_SHIM_COMMON})
+  set(symbols "")
+  foreach(v IN LISTS ARG_VERSIONS)
+    if(NOT v IN_LIST FABRIC_GEN_NET_VERSIONS)
+      message(FATAL_ERROR "fabric_add_net_plugin(${target}): net v${v} is not described in ${FABRIC_ABI_DIR} "
+                          "(have: ${FABRIC_GEN_NET_VERSIONS}). See docs/adding-an-abi-version.md")
+    endif()
+    list(APPEND sources ${ARG_GENERATED_DIR}/${FABRIC_GEN_NET_SHIM_${v}})
+    string(APPEND symbols "    ${FABRIC_GEN_NET_SYMBOL_${v}};\n")
+  endforeach()
+
+  # Exactly the chosen tables are global; everything else (core included) is
+  # local. Every version: the generated script; a subset: the same shape here.
+  set(chosen ${ARG_VERSIONS})
+  set(all ${FABRIC_GEN_NET_VERSIONS})
+  list(SORT chosen COMPARE NATURAL)
+  list(SORT all COMPARE NATURAL)
+  if(chosen STREQUAL all)
+    set(map ${ARG_GENERATED_DIR}/exports/fabric-net.map)
+  else()
+    set(map ${CMAKE_CURRENT_BINARY_DIR}/${target}.map)
+    file(CONFIGURE OUTPUT ${map} CONTENT "/* Written by codegen/codegen.cmake for ${target}: net versions ${ARG_VERSIONS}. */
+{
+  global:
+@symbols@  local:
+    *;
+};
+" @ONLY)
+  endif()
+
+  add_library(${target} SHARED ${sources})
+  target_include_directories(${target} PRIVATE ${FABRIC_TOP}/core ${ARG_GENERATED_DIR}/abi)
+  target_compile_options(${target} PRIVATE ${FABRIC_GENERATED_C_FLAGS})
+  target_link_libraries(${target} PRIVATE fabric_engine)
+  target_link_options(${target} PRIVATE "LINKER:--version-script=${map}" "LINKER:--no-undefined")
+  set_target_properties(${target} PROPERTIES OUTPUT_NAME ${target} PREFIX lib C_VISIBILITY_PRESET hidden
+                        LINK_DEPENDS ${map})
+  set_property(TARGET ${target} PROPERTY FABRIC_NET_VERSIONS "${ARG_VERSIONS}")
+  add_dependencies(${target} fabric_codegen)
+endfunction()

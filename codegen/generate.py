@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Renders fabric's ABI layer from the specs.
+
+    python3 codegen/generate.py            # refresh generated/ and docs/
+    python3 codegen/generate.py --check    # fail if anything is stale
+
+Inputs: abi/*.toml (the ABI specs), core/params.toml (environment parameters),
+templates/*.j2. Outputs: generated/ and docs/{abi-matrix,params}.md. Every
+problem in a spec stops the run with "<spec file>: <key path>: <what is wrong>".
+"""
+
+import argparse
+import difflib
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fabgen import params as params_mod  # noqa: E402
+from fabgen import render  # noqa: E402
+from fabgen.model import Spec  # noqa: E402
+from fabgen.spec import SpecError  # noqa: E402
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--spec-dir", default=os.path.join(TOP, "abi"), help="ABI specs (default: abi/)")
+    p.add_argument("--params", default=os.path.join(TOP, "core", "params.toml"),
+                   help="parameter table (default: core/params.toml)")
+    p.add_argument("--templates", default=os.path.join(TOP, "templates"), help="templates (default: templates/)")
+    p.add_argument("--out-dir", help="where generated code goes (default: generated/)")
+    p.add_argument("--docs-dir", help="where the rendered docs go (default: docs/, or <out-dir>/docs "
+                                      "when --out-dir is given)")
+    p.add_argument("--check", action="store_true",
+                   help="render into a temporary directory and fail if the outputs differ")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    args = p.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join(TOP, "generated")
+        args.docs_dir = args.docs_dir or os.path.join(TOP, "docs")
+    else:
+        args.docs_dir = args.docs_dir or os.path.join(args.out_dir, "docs")
+    return args
+
+
+def build(args):
+    spec = Spec(args.spec_dir)
+    params = params_mod.load(args.params, _label(args.params)) if args.params else None
+    outs = render.outputs(spec, params)
+    return render.render(outs, args.templates)
+
+
+def _label(path):
+    rel = os.path.relpath(os.path.abspath(path), TOP)
+    return path if rel.startswith("..") else rel
+
+
+def check(rendered, roots):
+    tmp = render.render_to_temp(rendered)
+    try:
+        fresh = {"out": os.path.join(tmp, "generated"), "docs": os.path.join(tmp, "docs")}
+        problems = render.check(rendered, roots)
+        for line in problems:
+            print(f"stale: {line}", file=sys.stderr)
+        shown = 0
+        for (root, path), text in sorted(rendered.items()):
+            old = render._read(os.path.join(roots[root], path))
+            if old is not None and old != text and shown < 3:
+                diff = difflib.unified_diff(old.splitlines(), text.splitlines(), os.path.join(roots[root], path),
+                                            os.path.join(fresh[root], path), lineterm="", n=1)
+                print("\n".join(list(diff)[:40]), file=sys.stderr)
+                shown += 1
+        return problems
+    finally:
+        render.remove_temp(tmp)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    roots = {"out": args.out_dir, "docs": args.docs_dir}
+    try:
+        rendered = build(args)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.check:
+        problems = check(rendered, roots)
+        if problems:
+            print(f"\n{len(problems)} generated file(s) are stale. Refresh with: python3 codegen/generate.py"
+                  + ("" if args.out_dir == os.path.join(TOP, "generated") else
+                     f" --spec-dir {args.spec_dir} --out-dir {args.out_dir}"), file=sys.stderr)
+            return 1
+        if not args.quiet:
+            print(f"generated code is fresh ({len(rendered)} files)")
+        return 0
+    changed = render.write(rendered, roots)
+    if not args.quiet:
+        for path in changed:
+            print(f"wrote {os.path.relpath(path)}")
+        print(f"{len(rendered)} files, {len(changed)} changed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+/*
+ * Send and recv comm lifetime. A closed comm with operations in flight is
+ * parked on its endpoint (posted receives are cancelled first) and freed by
+ * its last completion, or by endpoint teardown after the libfabric endpoint
+ * is closed: memory a pending operation points at is never freed early.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_conn.h"
+#include "fab_transport.h"
+
+static void comm_destroy(fab_parked* p) { fab_comm_free(FAB_CONTAINER_OF(p, fab_comm, park)); }
+static void probe_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err);
+
+fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, const fab_comm_config* config) {
+  const fab_transport_ops* ops = ep->dev->ops;
+  fab_comm* c = calloc(1, sizeof(*c));
+  if (!c) {
+    FAB_WARN("out of memory creating a comm on %s", dev->name);
+    return NULL;
+  }
+  uint32_t nreq = kind == FAB_OBJ_SEND ? ops->send_reqs : ops->recv_reqs;
+  uint32_t nsub = kind == FAB_OBJ_SEND ? ops->send_subs : ops->recv_subs;
+  if (fab_pool_init(&c->reqs, nreq, sizeof(fab_req) + nsub * sizeof(fab_sub)) != 0) {
+    FAB_WARN("out of memory creating a comm on %s (%u requests)", dev->name, nreq);
+    free(c);
+    return NULL;
+  }
+  c->magic = FAB_COMM_MAGIC;
+  c->kind = kind;
+  c->ep = ep;
+  c->dev = dev;
+  c->ops = ops;
+  c->peer = FI_ADDR_NOTAVAIL;
+  c->max_bytes = dev->props.max_p2p_bytes;
+  c->mr_local = ep->dev->mr_local;
+  c->config = config ? *config : ep->ctx->config;
+  c->park.destroy = comm_destroy;
+  fab_list_init(&c->park.node);
+  atomic_init(&c->inflight, 0);
+  fab_op_init(&c->probe_op, probe_done, c, 0);
+  for (uint32_t i = 0; i < nreq; i++) {
+    fab_req* r = fab_pool_at(&c->reqs, i);
+    r->magic = FAB_REQ_MAGIC;
+    r->state = FAB_REQ_FREE;
+    r->comm = c;
+    ops->init_req(c, r, nsub);
+  }
+  return c;
+}
+
+void fab_comm_free(fab_comm* c) {
+  for (uint32_t i = 0; i < c->reqs.count; i++) {
+    fab_req* r = fab_pool_at(&c->reqs, i);
+    free(r->errmsg);
+    r->magic = 0;
+  }
+  fab_pool_fini(&c->reqs);
+  fab_ep_ctrl_dereg(c->answer_mr);
+  c->magic = 0;
+  free(c);
+}
+
+void fab_comm_fail(fab_comm* c, fab_result rc, const char* why) {
+  if (c->error != FAB_OK) return;
+  snprintf(c->error_why, sizeof(c->error_why), "%s", why);
+  c->error = rc;
+  c->ops->cancel(c); /* posted receives will never match: give them back */
+}
+
+static void probe_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+  fab_comm* c = op->owner;
+  c->probe_posted = 0;
+  if (err && err->err != FI_ECANCELED && !c->closing) {
+    char why[160];
+    snprintf(why, sizeof(why), "a liveness probe to the peer failed (%s)", fi_strerror(err->err));
+    fab_comm_fail(c, fab_result_from_fi(err->err), why);
+  }
+  fab_comm_op_done(c);
+}
+
+/* Liveness: any completion of the comm's operations counts as a sign of life.
+ * When none came since the last check, a zero-byte message to the peer's
+ * control receive is posted (at most one per FAB_PROBE_INTERVAL_MS): its send
+ * completion proves the connection still delivers, whether or not the peer's
+ * application is progressing. tcp;ofi_rxm never completes operations to a
+ * peer whose process died (it retries the refused connection forever), so
+ * this is how such a death becomes an error instead of a hang. */
+void fab_comm_check_peer(fab_comm* c) {
+  int timeout = fab_g.params.peer_timeout_ms;
+  if (timeout <= 0 || c->error != FAB_OK) return;
+  fab_endpoint* ep = c->ep;
+  pthread_mutex_lock(&ep->lock);
+  int64_t now = fab_now_ms();
+  if (c->ncompl != c->ncompl_seen) {
+    c->ncompl_seen = c->ncompl;
+    c->stall_since_ms = 0;
+  } else if (c->stall_since_ms == 0) {
+    c->stall_since_ms = now;
+  } else if (now - c->stall_since_ms > timeout) {
+    char why[160];
+    snprintf(why, sizeof(why), "no sign of life from the peer for %lld ms (FABRIC_PEER_TIMEOUT_MS=%d)",
+             (long long)(now - c->stall_since_ms), timeout);
+    fab_comm_fail(c, FAB_ERR_REMOTE, why);
+  }
+  if (c->error == FAB_OK && c->stall_since_ms && !c->probe_posted &&
+      now - c->last_probe_ms >= FAB_PROBE_INTERVAL_MS) {
+    c->last_probe_ms = now;
+    atomic_fetch_add(&c->inflight, 1);
+    if (fi_tsend(ep->ep, NULL, 0, NULL, c->peer, fab_tag_connect(&ep->dev->tags), &c->probe_op.ctx) == 0)
+      c->probe_posted = 1;
+    else
+      atomic_fetch_sub(&c->inflight, 1);
+  }
+  pthread_mutex_unlock(&ep->lock);
+}
+
+static int conn_id_in_use(fab_endpoint* ep, uint32_t id) {
+  fab_list* lists[2] = {&ep->comms, &ep->parked};
+  for (int k = 0; k < 2; k++) {
+    FAB_LIST_FOREACH_SAFE(it, tmp, lists[k]) {
+      fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
+      if (p->destroy != comm_destroy) continue;
+      fab_comm* c = FAB_CONTAINER_OF(p, fab_comm, park);
+      if (c->kind == FAB_OBJ_RECV && c->conn_id == id) return 1;
+    }
+  }
+  return 0;
+}
+
+/* Ids are handed out in sequence and not reused before the space wraps, so
+ * late traffic of a closed connection cannot land in a new one. */
+uint32_t fab_conn_id_next(fab_endpoint* ep) {
+  for (;;) {
+    uint32_t id = ep->next_conn_id++;
+    if (ep->next_conn_id > ep->dev->tags.conn_max) {
+      ep->next_conn_id = 1;
+      ep->conn_wrapped = 1;
+    }
+    if (!ep->conn_wrapped || !conn_id_in_use(ep, id)) return id;
+  }
+}
+
+static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
+  fab_comm* c = fab_obj_remove(handle, kind);
+  if (!c) {
+    fab_obj_kind k = fab_obj_kind_of(handle);
+    FAB_WARN("%s: %p is %s%s, not a live %s", fn, handle, k ? "a " : "", k ? fab_obj_kind_name(k) : "unknown or "
+             "already closed", fab_obj_kind_name(kind));
+    return FAB_ERR_INTERNAL;
+  }
+  fab_endpoint* ep = c->ep;
+  pthread_mutex_lock(&ep->lock);
+  fab_list_del(&c->park.node);
+  c->closing = 1;
+  if (atomic_load(&c->inflight) == 0) {
+    fab_comm_free(c);
+  } else {
+    fab_ep_park(ep, &c->park);
+    c->ops->cancel(c);
+    fab_ep_progress_locked(ep); /* may free c */
+  }
+  pthread_mutex_unlock(&ep->lock);
+  return FAB_OK;
+}
+
+fab_result fab_close_send(void* send_comm) { return close_comm(send_comm, FAB_OBJ_SEND, "closeSend"); }
+fab_result fab_close_recv(void* recv_comm) { return close_comm(recv_comm, FAB_OBJ_RECV, "closeRecv"); }
+
+/* After fi_close(ep): nothing can complete any more; free everything. */
+void fab_conn_endpoint_teardown(fab_endpoint* ep) {
+  fab_listen_teardown(ep);
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
+    fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
+    fab_list_del(&pc->park.node);
+    pc->park.destroy(&pc->park);
+  }
+  int live = 0;
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->comms) {
+    fab_comm* c = FAB_CONTAINER_OF(it, fab_comm, park.node);
+    fab_obj_remove(c->handle, c->kind);
+    fab_list_del(&c->park.node);
+    fab_comm_free(c);
+    live++;
+  }
+  if (live) FAB_INFO(FAB_SUBSYS_INIT, "closed %d comms the runtime left open on %s", live, ep->dev->name);
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->parked) {
+    fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
+    fab_list_del(&p->node);
+    p->destroy(p);
+  }
+}

@@ -1,0 +1,89 @@
+/*
+ * Connection management (the handshake), shared by listen/accept
+ * (fab_listener.c), connect (fab_connect.c) and comm lifetime (fab_comm.c).
+ *
+ * Handshake, all non-blocking:
+ *  1. listen: the endpoint posts FAB_CTRL_RX receives for connect requests
+ *     (once per endpoint), the listen comm gets a random 64-bit id, and the
+ *     handle carries {magic, version, address, listen id, provider hash,
+ *     checksum}.
+ *  2. connect: validate the handle, insert the listener's address, post a
+ *     receive for the answer (tag: answer bit + our connector id), send the
+ *     request {listen id, connector id, our address}. Return NULL until the
+ *     answer arrives or FABRIC_CONNECT_TIMEOUT_MS passes.
+ *  3. listener's CQ: a request is validated and queued on the listen comm it
+ *     names (several senders may queue on one listen comm); a request for an
+ *     unknown listen id is answered "no listener" so the connector fails fast.
+ *  4. accept: pop a request, create the recv comm with a connection id unique
+ *     on this endpoint, send the answer, return the comm.
+ *  5. connect sees the answer: the send comm tags its data with that id.
+ */
+#ifndef FAB_CONN_H
+#define FAB_CONN_H
+
+#include "fab_engine.h"
+
+#define FAB_LISTEN_MAGIC 0x4e54534cu /* "LSTN" */
+
+typedef struct fab_ctrl_rx {
+  fab_op op;
+  fab_endpoint* ep;
+  fab_wire_connect msg;
+  struct fid_mr* mr;
+  void* desc;
+} fab_ctrl_rx;
+
+typedef struct fab_conn_request {
+  fab_list node;
+  fab_wire_connect msg;
+} fab_conn_request;
+
+typedef struct fab_listener {
+  uint32_t magic;
+  void* handle;
+  fab_endpoint* ep;
+  fab_device* dev;
+  uint64_t listen_id;
+  fab_list node;        /* ep->listens */
+  fab_list queue;       /* fab_conn_request waiting for accept */
+  fab_comm* accepting;  /* recv comm whose answer could not be posted yet */
+  uint32_t accepting_connector;
+} fab_listener;
+
+/* A connect in progress, found again by the handle buffer NCCL passes on
+ * every retry. */
+typedef struct fab_pending {
+  fab_parked park; /* ep->connects while pending, ep->parked once abandoned */
+  fab_endpoint* ep;
+  const void* handle_ptr;
+  uint8_t handle_copy[FAB_HANDLE_SIZE];
+  fab_comm* comm;
+  uint32_t connector_id;
+  uint64_t listen_id;
+  int inflight;
+  int abandoned; /* retired with operations in flight */
+  int req_state, ans_state; /* FAB_SUB_IDLE / POSTED / DONE */
+  int req_err, ans_err;     /* fi errno of a failed completion */
+  size_t ans_len;
+  int64_t deadline_ms;
+  fab_op req_op, ans_op;
+  struct fid_mr* mr;
+  void* desc;
+  struct {
+    fab_wire_connect req;
+    fab_wire_accept ans;
+  } msg;
+} fab_pending;
+
+/* fab_comm.c */
+fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, const fab_comm_config* config);
+uint32_t fab_conn_id_next(fab_endpoint* ep);
+/* Sends an answer refusing a connect request; best effort. ep lock held. */
+void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status);
+/* Moves a pending connect out of the way (cancel, park or free). ep lock held. */
+void fab_pending_retire(fab_pending* pc);
+
+/* fab_listener.c */
+void fab_listen_teardown(fab_endpoint* ep);
+
+#endif /* FAB_CONN_H */

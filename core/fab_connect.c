@@ -1,0 +1,242 @@
+/* The connecting side of the handshake. See fab_conn.h for the protocol. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_conn.h"
+
+static void pending_free(fab_pending* pc) {
+  if (pc->comm) fab_comm_free(pc->comm);
+  fab_ep_ctrl_dereg(pc->mr);
+  free(pc);
+}
+
+static void pending_destroy(fab_parked* p) { pending_free(FAB_CONTAINER_OF(p, fab_pending, park)); }
+
+/* A completion of an abandoned connect frees it with the last one. */
+static void pending_op_done(fab_pending* pc) {
+  pc->inflight--;
+  if (pc->inflight == 0 && pc->abandoned) {
+    fab_list_del(&pc->park.node);
+    pending_free(pc);
+  }
+}
+
+static void req_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+  fab_pending* pc = op->owner;
+  pc->req_state = FAB_SUB_DONE;
+  if (err) pc->req_err = err->err ? err->err : FI_EIO;
+  pending_op_done(pc);
+}
+
+static void ans_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+  fab_pending* pc = op->owner;
+  pc->ans_state = FAB_SUB_DONE;
+  if (err) pc->ans_err = err->err ? err->err : FI_EIO;
+  else pc->ans_len = done->len;
+  pending_op_done(pc);
+}
+
+/* Takes a pending connect off the pending list: cancels its answer receive
+ * and frees it now, or once its operations complete. ep lock held. */
+void fab_pending_retire(fab_pending* pc) {
+  fab_list_del(&pc->park.node);
+  if (pc->inflight == 0) {
+    pending_free(pc);
+    return;
+  }
+  if (pc->ans_state == FAB_SUB_POSTED) fi_cancel(&pc->ep->ep->fid, &pc->ans_op.ctx);
+  if (pc->comm) {
+    fab_comm_free(pc->comm);
+    pc->comm = NULL;
+  }
+  /* The last completion frees it; until then it sits on the parked list,
+   * which endpoint teardown sweeps. */
+  pc->abandoned = 1;
+  fab_ep_park(pc->ep, &pc->park);
+}
+
+static fab_pending* find_pending(fab_endpoint* ep, const void* handle) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
+    fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
+    if (pc->handle_ptr == handle && !memcmp(pc->handle_copy, handle, FAB_HANDLE_SIZE)) return pc;
+  }
+  return NULL;
+}
+
+/* Connects NCCL gave up on (never called again) must not pile up. */
+static void sweep_expired(fab_endpoint* ep, int64_t now) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
+    fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
+    if (now > pc->deadline_ms + 1000) fab_pending_retire(pc);
+  }
+}
+
+static uint32_t connector_id_next(fab_endpoint* ep) {
+  for (;;) {
+    uint32_t id = ep->next_connector_id++;
+    if (!id) continue;
+    int used = 0;
+    FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
+      if (FAB_CONTAINER_OF(it, fab_pending, park.node)->connector_id == id) used = 1;
+    }
+    if (!used) return id;
+  }
+}
+
+static fab_result start(fab_endpoint* ep, fab_device* d, const fab_comm_config* config, const void* handle,
+                        fab_pending** out) {
+  fab_wire_handle h;
+  char why[160];
+  if (fab_wire_handle_decode(handle, &h, why, sizeof(why)) != 0) {
+    FAB_WARN("connect: invalid handle: %s. Pass the 128 bytes listen() wrote, unchanged", why);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  if (h.prov_hash != ep->dev->prov_hash) {
+    FAB_WARN("connect: the handle comes from a listener on another provider than %s; both ranks must use the "
+             "same provider (FABRIC_PROVIDER / FI_PROVIDER)", fab_device_provider(ep->dev));
+    return FAB_ERR_INVALID_USAGE;
+  }
+  fab_pending* pc = calloc(1, sizeof(*pc));
+  fab_comm* c = pc ? fab_comm_alloc(ep, d, FAB_OBJ_SEND, config) : NULL;
+  if (!c) {
+    if (!pc) FAB_WARN("connect: out of memory");
+    free(pc);
+    return FAB_ERR_SYSTEM;
+  }
+  pc->ep = ep;
+  pc->comm = c;
+  pc->park.destroy = pending_destroy;
+  fab_list_init(&pc->park.node);
+  pc->handle_ptr = handle;
+  memcpy(pc->handle_copy, handle, FAB_HANDLE_SIZE);
+  pc->listen_id = h.listen_id;
+  int rc = fab_ep_av_insert(ep, h.addr, h.addr_len, &c->peer);
+  if (rc != 0) {
+    FAB_WARN("connect: the listener's address in the handle is unusable on %s: %s", ep->dev->name,
+             fi_strerror(-rc));
+    pending_free(pc);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  if (fab_ep_ctrl_reg(ep, &pc->msg, sizeof(pc->msg), &pc->mr, &pc->desc) != 0) {
+    FAB_WARN("connect: registering the handshake buffers on %s failed", ep->dev->name);
+    pending_free(pc);
+    return FAB_ERR_SYSTEM;
+  }
+  fab_ep_peer_name(ep, c->peer, c->peer_name, sizeof(c->peer_name));
+  pc->connector_id = connector_id_next(ep);
+  fab_op_init(&pc->req_op, req_done, pc, 0);
+  fab_op_init(&pc->ans_op, ans_done, pc, 1);
+  fab_wire_connect_encode(&pc->msg.req, h.listen_id, pc->connector_id, ep->addr, ep->addr_len);
+  pc->deadline_ms = fab_now_ms() + fab_g.params.connect_timeout_ms;
+  fab_list_push(&ep->connects, &pc->park.node);
+  *out = pc;
+  return FAB_OK;
+}
+
+/* Posts what is not posted yet. Returns FAB_OK or an error (WARNed). */
+static fab_result post(fab_pending* pc) {
+  fab_endpoint* ep = pc->ep;
+  const fab_tag_layout* t = &ep->dev->tags;
+  ssize_t rc = 0;
+  if (pc->ans_state == FAB_SUB_IDLE) {
+    rc = fi_trecv(ep->ep, &pc->msg.ans, sizeof(pc->msg.ans), pc->desc, FI_ADDR_UNSPEC,
+                  fab_tag_accept(t, pc->connector_id), 0, &pc->ans_op.ctx);
+    if (rc == 0) {
+      pc->ans_state = FAB_SUB_POSTED;
+      pc->inflight++;
+    }
+  }
+  if (rc == 0 && pc->req_state == FAB_SUB_IDLE) {
+    rc = fi_tsend(ep->ep, &pc->msg.req, sizeof(pc->msg.req), pc->desc, pc->comm->peer, fab_tag_connect(t),
+                  &pc->req_op.ctx);
+    if (rc == 0) {
+      pc->req_state = FAB_SUB_POSTED;
+      pc->inflight++;
+    }
+  }
+  if (rc == 0 || rc == -FI_EAGAIN) return FAB_OK;
+  FAB_WARN("connect to %s: posting the handshake failed: %s", pc->comm->peer_name, fi_strerror((int)-rc));
+  return FAB_ERR_SYSTEM;
+}
+
+/* Looks at the answer. FAB_OK with *done set when the comm is ready. */
+static fab_result check_answer(fab_pending* pc, int* done) {
+  fab_comm* c = pc->comm;
+  fab_wire_accept a;
+  char why[160];
+  *done = 0;
+  if (pc->req_err) {
+    FAB_WARN("connect to %s: sending the request failed: %s; is the listening process alive?", c->peer_name,
+             fi_strerror(pc->req_err));
+    return fab_result_from_fi(pc->req_err);
+  }
+  if (pc->ans_state != FAB_SUB_DONE) return FAB_OK;
+  if (pc->ans_err) {
+    FAB_WARN("connect to %s: receiving the answer failed: %s", c->peer_name, fi_strerror(pc->ans_err));
+    return fab_result_from_fi(pc->ans_err);
+  }
+  if (fab_wire_accept_decode(&pc->msg.ans, pc->ans_len, &a, why, sizeof(why)) != 0 ||
+      a.listen_id != pc->listen_id || a.connector_id != pc->connector_id) {
+    FAB_WARN("connect to %s: invalid answer: %s", c->peer_name, a.listen_id != pc->listen_id ? "wrong listen id" : why);
+    return FAB_ERR_REMOTE;
+  }
+  if (a.status != FAB_ACCEPT_OK) {
+    FAB_WARN("connect to %s refused: %s", c->peer_name, fab_wire_status_str(a.status));
+    return FAB_ERR_REMOTE;
+  }
+  if (a.conn_id > pc->ep->dev->tags.conn_max) {
+    FAB_WARN("connect to %s: connection id %u exceeds this provider's tag space", c->peer_name, a.conn_id);
+    return FAB_ERR_REMOTE;
+  }
+  c->conn_id = a.conn_id;
+  c->tag_base = fab_tag_data(a.conn_id, 0);
+  *done = 1;
+  return FAB_OK;
+}
+
+/* Hands the finished comm to the runtime. */
+static fab_result finish(fab_pending* pc, void** send_comm) {
+  fab_comm* c = pc->comm;
+  c->handle = fab_obj_add(FAB_OBJ_SEND, c);
+  if (!c->handle) {
+    FAB_WARN("connect: handle table full; close unused comms");
+    return FAB_ERR_SYSTEM;
+  }
+  pc->comm = NULL;
+  fab_list_push(&pc->ep->comms, &c->park.node);
+  FAB_INFO(FAB_SUBSYS_NET, "connected to %s on %s as connection %u", c->peer_name, c->dev->name, c->conn_id);
+  *send_comm = c->handle;
+  return FAB_OK;
+}
+
+fab_result fab_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config* config, void* handle, void** send_comm,
+                       void** dev_handle) {
+  (void)dev_handle;
+  if (!send_comm) return fab_bad_argument("connect", "sendComm", 0, "a non-NULL pointer");
+  *send_comm = NULL;
+  if (!handle) return fab_bad_argument("connect", "handle", 0, "a non-NULL 128-byte handle");
+  fab_ctx* ctx = fab_ctx_resolve(ctx_handle, "connect");
+  fab_device* d = ctx ? fab_device_get(dev, "connect") : NULL;
+  if (!d) return FAB_ERR_INTERNAL;
+  fab_endpoint* ep;
+  fab_result rc = fab_endpoint_get(ctx, d, &ep);
+  if (rc != FAB_OK) return rc;
+  pthread_mutex_lock(&ep->lock);
+  int64_t now = fab_now_ms();
+  sweep_expired(ep, now);
+  fab_pending* pc = find_pending(ep, handle);
+  if (!pc) rc = start(ep, d, config, handle, &pc);
+  if (rc == FAB_OK) rc = post(pc);
+  if (rc == FAB_OK) rc = fab_ep_progress_locked(ep);
+  int done = 0;
+  if (rc == FAB_OK) rc = check_answer(pc, &done);
+  if (rc == FAB_OK && done) rc = finish(pc, send_comm);
+  if (rc == FAB_OK && !done && now > pc->deadline_ms) {
+    FAB_WARN("connect to %s timed out after %d ms without an answer; check that the peer is alive and calls accept, "
+             "or raise FABRIC_CONNECT_TIMEOUT_MS", pc->comm->peer_name, fab_g.params.connect_timeout_ms);
+    rc = FAB_ERR_SYSTEM;
+  }
+  if (pc && (done || rc != FAB_OK)) fab_pending_retire(pc);
+  pthread_mutex_unlock(&ep->lock);
+  return rc;
+}

@@ -1,0 +1,95 @@
+#include "fab_cuda.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "fab_core.h"
+#include "fab_log.h"
+
+/* The few driver types and constants used, with the values of cuda.h. */
+typedef int fab_CUresult;
+typedef unsigned long long fab_CUdeviceptr;
+enum {
+  FAB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+  FAB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+  FAB_CU_MEMORYTYPE_DEVICE = 2,
+  FAB_CU_FLUSH_TARGET_CURRENT_CTX = 0,
+  FAB_CU_FLUSH_TO_OWNER = 100,
+};
+
+#ifdef FAB_HAVE_CUDA_H
+#include <cuda.h>
+_Static_assert((int)CU_POINTER_ATTRIBUTE_MEMORY_TYPE == (int)FAB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, "cuda.h value");
+_Static_assert((int)CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL == (int)FAB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "cuda.h value");
+_Static_assert((int)CU_MEMORYTYPE_DEVICE == (int)FAB_CU_MEMORYTYPE_DEVICE, "cuda.h value");
+_Static_assert((int)CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX == (int)FAB_CU_FLUSH_TARGET_CURRENT_CTX, "cuda.h value");
+_Static_assert((int)CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER == (int)FAB_CU_FLUSH_TO_OWNER, "cuda.h value");
+#endif
+
+static struct {
+  void* lib;
+  int usable;
+  fab_CUresult (*init)(unsigned int);
+  fab_CUresult (*device_count)(int*);
+  fab_CUresult (*pointer_attr)(void*, int, fab_CUdeviceptr);
+  fab_CUresult (*flush)(int, int);
+} g_cu;
+
+static void* sym(const char* name) { return g_cu.lib ? dlsym(g_cu.lib, name) : NULL; }
+
+int fab_cuda_init(void) {
+  if (g_cu.lib) return g_cu.usable;
+  g_cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!g_cu.lib) {
+    FAB_INFO(FAB_SUBSYS_INIT, "CUDA driver not loaded (%s): host memory only", dlerror());
+    return 0;
+  }
+  g_cu.init = (fab_CUresult(*)(unsigned int))sym("cuInit");
+  g_cu.device_count = (fab_CUresult(*)(int*))sym("cuDeviceGetCount");
+  g_cu.pointer_attr = (fab_CUresult(*)(void*, int, fab_CUdeviceptr))sym("cuPointerGetAttribute");
+  g_cu.flush = (fab_CUresult(*)(int, int))sym("cuFlushGPUDirectRDMAWrites");
+  if (!g_cu.init || !g_cu.device_count || !g_cu.pointer_attr || !g_cu.flush) {
+    FAB_INFO(FAB_SUBSYS_INIT, "CUDA driver lacks cuInit/cuDeviceGetCount/cuPointerGetAttribute/"
+                              "cuFlushGPUDirectRDMAWrites: host memory only");
+    return 0;
+  }
+  int n = 0;
+  fab_CUresult rc = g_cu.init(0);
+  if (rc == 0) rc = g_cu.device_count(&n);
+  if (rc != 0 || n <= 0) {
+    FAB_INFO(FAB_SUBSYS_INIT, "CUDA unusable (CUresult %d, %d devices): host memory only", rc, n);
+    return 0;
+  }
+  g_cu.usable = 1;
+  FAB_INFO(FAB_SUBSYS_INIT, "CUDA driver loaded, %d devices", n);
+  return 1;
+}
+
+void fab_cuda_fini(void) {
+  if (g_cu.lib) dlclose(g_cu.lib);
+  g_cu.lib = NULL;
+  g_cu.usable = 0;
+  g_cu.init = NULL;
+  g_cu.device_count = NULL;
+  g_cu.pointer_attr = NULL;
+  g_cu.flush = NULL;
+}
+
+int fab_cuda_ptr_device(const void* ptr) {
+  if (!g_cu.usable) return -1;
+  unsigned int mem_type = 0;
+  int dev = -1;
+  if (g_cu.pointer_attr(&mem_type, FAB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (fab_CUdeviceptr)(uintptr_t)ptr) != 0 ||
+      mem_type != FAB_CU_MEMORYTYPE_DEVICE)
+    return -1;
+  if (g_cu.pointer_attr(&dev, FAB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (fab_CUdeviceptr)(uintptr_t)ptr) != 0)
+    return -1;
+  return dev;
+}
+
+int fab_cuda_flush(const char** what) {
+  *what = "cuFlushGPUDirectRDMAWrites";
+  if (!g_cu.usable) return -1;
+  return g_cu.flush(FAB_CU_FLUSH_TARGET_CURRENT_CTX, FAB_CU_FLUSH_TO_OWNER);
+}

@@ -1,0 +1,19 @@
+/*
+ * The CUDA driver, loaded at run time with dlopen("libcuda.so.1"): the plugin
+ * never links libcuda, so it loads and runs host-only where no driver exists.
+ */
+#ifndef FAB_CUDA_H
+#define FAB_CUDA_H
+
+/* Loads the driver, cuInit(0), counts devices. Returns 1 when CUDA is usable
+ * (at least one device and cuFlushGPUDirectRDMAWrites), else 0. Never WARNs:
+ * a host without GPUs is normal; the reason goes to INFO. */
+int fab_cuda_init(void);
+void fab_cuda_fini(void);
+/* Device ordinal of a device pointer; -1 when not CUDA memory or unknown. */
+int fab_cuda_ptr_device(const void* ptr);
+/* Makes prior GPUDirect RDMA writes visible to the GPU (the iflush). Returns
+ * 0 or the CUresult; *what names the failing call. */
+int fab_cuda_flush(const char** what);
+
+#endif /* FAB_CUDA_H */

@@ -1,0 +1,135 @@
+/*
+ * The data-path entry points: validate what the runtime passed (cheaply: a
+ * handle lookup and a few compares), resolve memory handles to descriptors,
+ * then hand over to the comm's transport.
+ */
+#include "fab_mr.h"
+#include "fab_transport.h"
+
+static fab_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char* fn) {
+  fab_comm* c = fab_obj_get(handle, kind);
+  if (FAB_LIKELY(c != NULL)) return c;
+  fab_obj_kind k = fab_obj_kind_of(handle);
+  FAB_WARN("%s: %p is %s%s, not a live %s", fn, handle, k ? "a " : "",
+           k ? fab_obj_kind_name(k) : "unknown or already closed", fab_obj_kind_name(kind));
+  return NULL;
+}
+
+static fab_result comm_failed(fab_comm* c, const char* fn) {
+  FAB_WARN("%s: the connection to %s has failed: %s; close it", fn, c->peer_name, c->error_why);
+  return c->error;
+}
+
+fab_result fab_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  if (!mhandle) return fab_bad_argument("regMr", "mhandle", 0, "a non-NULL pointer");
+  *mhandle = NULL;
+  fab_obj_kind k = fab_obj_kind_of(comm);
+  if (k != FAB_OBJ_SEND && k != FAB_OBJ_RECV) {
+    FAB_WARN("regMr: %p is not a live send or recv comm", comm);
+    return FAB_ERR_INTERNAL;
+  }
+  if (!data) return fab_bad_argument("regMr", "data", 0, "a non-NULL address");
+  return fab_mr_register(fab_obj_get(comm, k), data, size, type, 0, -1, mhandle, "regMr");
+}
+
+fab_result fab_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mhandle) {
+  if (!mhandle) return fab_bad_argument("regMrDmaBuf", "mhandle", 0, "a non-NULL pointer");
+  *mhandle = NULL;
+  fab_obj_kind k = fab_obj_kind_of(comm);
+  if (k != FAB_OBJ_SEND && k != FAB_OBJ_RECV) {
+    FAB_WARN("regMrDmaBuf: %p is not a live send or recv comm", comm);
+    return FAB_ERR_INTERNAL;
+  }
+  fab_comm* c = fab_obj_get(comm, k);
+  if (!(c->dev->props.ptr_support & FAB_PTR_DMABUF)) {
+    FAB_WARN("regMrDmaBuf: device %s does not support dma-buf registration (not advertised in ptrSupport%s); use "
+             "regMr", c->dev->name,
+#ifdef FI_MR_DMABUF
+             ""
+#else
+             ": this build's libfabric has no FI_MR_DMABUF"
+#endif
+    );
+    return FAB_ERR_INTERNAL;
+  }
+  if (fd < 0) return fab_mr_register(c, data, size, type, 0, -1, mhandle, "regMrDmaBuf");
+  return fab_mr_register(c, data, size, type, offset, fd, mhandle, "regMrDmaBuf");
+}
+
+fab_result fab_dereg_mr(void* comm, void* mhandle) {
+  (void)comm; /* the handle knows its domain; NCCL may deregister through either comm */
+  return fab_mr_deregister(mhandle);
+}
+
+fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
+                     void** request) {
+  (void)phandle;
+  if (FAB_UNLIKELY(!request)) return fab_bad_argument("isend", "request", 0, "a non-NULL pointer");
+  *request = NULL;
+  fab_comm* c = comm_or_warn(send_comm, FAB_OBJ_SEND, "isend");
+  if (FAB_UNLIKELY(!c)) return FAB_ERR_INTERNAL;
+  if (FAB_UNLIKELY(size > c->max_bytes)) {
+    FAB_WARN("isend: size %zu exceeds maxP2pBytes %zu of %s; NCCL must split larger transfers", size, c->max_bytes,
+             c->dev->name);
+    return FAB_ERR_INTERNAL;
+  }
+  if (FAB_UNLIKELY(!data && size)) return fab_bad_argument("isend", "data", 0, "a buffer for a non-empty send");
+  if (FAB_UNLIKELY(c->error != FAB_OK)) return comm_failed(c, "isend");
+  fab_mr* mr;
+  fab_result rc = fab_mr_resolve(c, mhandle, data, size, "isend", &mr);
+  if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
+  return c->ops->isend(c, data, size, tag, mr ? mr->desc : NULL, request);
+}
+
+fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags, void** mhandles,
+                     void** phandles, void** request) {
+  (void)phandles;
+  if (FAB_UNLIKELY(!request)) return fab_bad_argument("irecv", "request", 0, "a non-NULL pointer");
+  *request = NULL; /* overwrites NCCL's 0x1 hint too */
+  fab_comm* c = comm_or_warn(recv_comm, FAB_OBJ_RECV, "irecv");
+  if (FAB_UNLIKELY(!c)) return FAB_ERR_INTERNAL;
+  if (FAB_UNLIKELY(n < 1 || n > FAB_MAX_RECVS)) return fab_bad_argument("irecv", "n", n, "1..8 (maxRecvs)");
+  if (FAB_UNLIKELY(!data || !sizes || !tags)) return fab_bad_argument("irecv", "data/sizes/tags", 0, "arrays of n");
+  if (FAB_UNLIKELY(c->error != FAB_OK)) return comm_failed(c, "irecv");
+  void* descs[FAB_MAX_RECVS];
+  for (int i = 0; i < n; i++) {
+    if (FAB_UNLIKELY(sizes[i] > c->max_bytes)) {
+      FAB_WARN("irecv: sizes[%d] = %zu exceeds maxP2pBytes %zu of %s", i, sizes[i], c->max_bytes, c->dev->name);
+      return FAB_ERR_INTERNAL;
+    }
+    if (FAB_UNLIKELY(!data[i] && sizes[i])) return fab_bad_argument("irecv", "data[i]", i, "a buffer");
+    fab_mr* mr;
+    fab_result rc = fab_mr_resolve(c, mhandles ? mhandles[i] : NULL, data[i], sizes[i], "irecv", &mr);
+    if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
+    descs[i] = mr ? mr->desc : NULL;
+  }
+  return c->ops->irecv(c, n, data, sizes, tags, descs, request);
+}
+
+fab_result fab_iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles, void** request) {
+  if (!request) return fab_bad_argument("iflush", "request", 0, "a non-NULL pointer");
+  *request = NULL;
+  fab_comm* c = comm_or_warn(recv_comm, FAB_OBJ_RECV, "iflush");
+  if (!c) return FAB_ERR_INTERNAL;
+  if (n < 1 || n > FAB_MAX_RECVS) return fab_bad_argument("iflush", "n", n, "1..8 (maxRecvs)");
+  if (!data || !sizes) return fab_bad_argument("iflush", "data/sizes", 0, "arrays of n");
+  fab_mr* mrs[FAB_MAX_RECVS];
+  for (int i = 0; i < n; i++) {
+    if (sizes[i] < 0) return fab_bad_argument("iflush", "sizes[i]", sizes[i], ">= 0");
+    fab_result rc = fab_mr_resolve(c, mhandles ? mhandles[i] : NULL, data[i], (size_t)sizes[i], "iflush", &mrs[i]);
+    if (rc != FAB_OK) return rc;
+  }
+  return c->ops->iflush(c, n, data, sizes, mrs, request);
+}
+
+fab_result fab_test(void* request, int* done, int* sizes) {
+  if (FAB_UNLIKELY(!done)) return fab_bad_argument("test", "done", 0, "a non-NULL pointer");
+  *done = 0;
+  fab_req* r = request;
+  if (FAB_UNLIKELY((uintptr_t)r < 4096 || ((uintptr_t)r & 7) || r->magic != FAB_REQ_MAGIC || r->state != FAB_REQ_ACTIVE)) {
+    FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);
+    return FAB_ERR_INTERNAL;
+  }
+  return r->comm->ops->test(r, done, sizes);
+}

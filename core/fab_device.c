@@ -1,0 +1,319 @@
+/*
+ * Device discovery (fi_getinfo), properties, virtual devices, domains.
+ *
+ * One device per distinct (provider, domain) of the first acceptable
+ * provider. The provider is chosen without FI_HMEM (so the default never
+ * falls onto an intra-node provider just because it is the only one with
+ * HMEM), then that same provider is asked again with FI_HMEM and
+ * FI_MR_HMEM; its HMEM entries are used when it has them.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_cuda.h"
+#include "fab_engine.h"
+#include "fab_mr.h"
+#include "fab_transport.h"
+
+/* Reported when the provider does not know the link speed (tcp on lo, shm):
+ * 100 Gb/s, a common NIC class, keeps NCCL's topology search from treating
+ * the network as the bottleneck. */
+#define FAB_DEFAULT_SPEED_MBPS 100000
+
+static uint32_t api_version(void) {
+  uint32_t built = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
+  uint32_t running = fi_version();
+  return running < built ? running : built;
+}
+
+static struct fi_info* make_hints(const char* prov, int hmem) {
+  struct fi_info* h = fi_allocinfo();
+  if (!h) return NULL;
+  h->caps = FI_TAGGED | FI_MSG | (hmem ? FI_HMEM : 0);
+  h->mode = FI_CONTEXT | FI_CONTEXT2;
+  h->ep_attr->type = FI_EP_RDM;
+  h->domain_attr->threading = FI_THREAD_SAFE;
+  h->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR | (hmem ? FI_MR_HMEM : 0);
+  h->tx_attr->msg_order = FI_ORDER_SAS;
+  h->rx_attr->msg_order = FI_ORDER_SAS;
+  if (prov && *prov) h->fabric_attr->prov_name = strdup(prov);
+  return h;
+}
+
+static struct fi_info* query(const char* prov, int hmem, int* rc) {
+  struct fi_info* hints = make_hints(prov, hmem);
+  struct fi_info* info = NULL;
+  if (!hints) {
+    *rc = -FI_ENOMEM;
+    return NULL;
+  }
+  *rc = fi_getinfo(api_version(), NULL, NULL, 0, hints, &info);
+  fi_freeinfo(hints);
+  return *rc ? NULL : info;
+}
+
+/* Why an entry is unusable, or NULL when it is fine. */
+static const char* reject_reason(const struct fi_info* fi) {
+  fab_tag_layout t;
+  if (fab_tag_layout_init(&t, fi->ep_attr->mem_tag_format) != 0) return "too few tag bits";
+  if (!fab_transport_select(fi)) return "no transport can run on it";
+  if (fi->domain_attr->mr_mode & FI_MR_ENDPOINT) return "needs FI_MR_ENDPOINT";
+  if (fi->ep_attr->max_msg_size == 0) return "max_msg_size 0";
+  return NULL;
+}
+
+static void fill_pci_path(fab_device* d, const struct fi_info* fi) {
+  if (!fi->nic || !fi->nic->bus_attr || fi->nic->bus_attr->bus_type != FI_BUS_PCI) return;
+  const struct fi_pci_attr* p = &fi->nic->bus_attr->attr.pci;
+  char path[128];
+  snprintf(path, sizeof(path), "/sys/bus/pci/devices/%04x:%02x:%02x.%x", p->domain_id, p->bus_id, p->device_id,
+           p->function_id);
+  d->pci_path = realpath(path, NULL);
+}
+
+static void fill_properties(fab_device* d, const struct fi_info* fi) {
+  fab_properties* p = &d->props;
+  memset(p, 0, sizeof(*p));
+  p->name = d->name;
+  p->pci_path = d->pci_path;
+  const char* prov = fi->fabric_attr->prov_name;
+  p->guid = fab_fnv1a(fab_fnv1a(fab_fnv1a(FAB_FNV_SEED, prov, strlen(prov)), "/", 1), d->name, strlen(d->name));
+  p->ptr_support = FAB_PTR_HOST;
+  if (d->hmem && fab_g.cuda_ok) {
+    p->ptr_support |= FAB_PTR_CUDA;
+#ifdef FI_MR_DMABUF
+    p->ptr_support |= FAB_PTR_DMABUF;
+#endif
+  }
+  p->reg_is_global = 1;
+  p->force_flush = 0;
+  size_t bps = (fi->nic && fi->nic->link_attr) ? fi->nic->link_attr->speed : 0;
+  p->speed_mbps = bps >= 1000000 ? (int)(bps / 1000000 > INT_MAX ? INT_MAX : bps / 1000000) : FAB_DEFAULT_SPEED_MBPS;
+  p->port = 1;
+  p->latency_us = 0.0f; /* unknown; NCCL uses its own per-transport constants */
+  p->max_comms = d->tags.conn_max > INT_MAX ? INT_MAX : (int)d->tags.conn_max;
+  p->max_recvs = FAB_MAX_RECVS;
+  p->net_device_type = 0;
+  p->net_device_version = 0;
+  p->vprops.ndevs = 1;
+  p->vprops.devs[0] = d->index;
+  size_t max = fab_g.params.max_p2p_bytes;
+  if (max > INT_MAX) max = INT_MAX;
+  if (max > fi->ep_attr->max_msg_size) max = fi->ep_attr->max_msg_size;
+  p->max_p2p_bytes = max;
+  p->max_coll_bytes = max;
+  p->max_multi_request_size = 1;
+  p->rail_id = -1;
+  p->plane_id = -1;
+}
+
+static int add_device(const struct fi_info* fi) {
+  int idx = fab_g.nphys;
+  if (idx >= FAB_MAX_DEVICES) return -1;
+  fab_device* d = calloc(1, sizeof(*d));
+  if (!d) return -1;
+  d->info = fi_dupinfo(fi);
+  if (!d->info) {
+    free(d);
+    return -1;
+  }
+  d->index = idx;
+  d->physical = 1;
+  d->carrier = idx;
+  d->ops = fab_transport_select(fi);
+  fab_tag_layout_init(&d->tags, fi->ep_attr->mem_tag_format);
+  d->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL);
+  d->mr_hmem = !!(fi->domain_attr->mr_mode & FI_MR_HMEM);
+  d->prov_key = !!(fi->domain_attr->mr_mode & FI_MR_PROV_KEY);
+  d->hmem = !!(fi->caps & FI_HMEM);
+  const char* prov = fi->fabric_attr->prov_name;
+  d->prov_hash = (uint32_t)fab_fnv1a(FAB_FNV_SEED, prov, strlen(prov));
+  snprintf(d->name, sizeof(d->name), "%s", fi->domain_attr->name ? fi->domain_attr->name : prov);
+  fill_pci_path(d, fi);
+  fill_properties(d, fi);
+  fab_g.devs[idx] = d;
+  fab_g.nphys = idx + 1;
+  atomic_store(&fab_g.ndevs, idx + 1);
+  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
+           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s, maxP2pBytes %zu, pci %s",
+           idx, prov, d->name, d->ops->name, d->tags.bits, fi->domain_attr->mr_mode, d->hmem ? ", FI_HMEM" : "",
+           d->props.max_p2p_bytes, d->pci_path ? d->pci_path : "(none)");
+  return 0;
+}
+
+static int already_have(const struct fi_info* fi) {
+  for (int i = 0; i < fab_g.nphys; i++) {
+    const struct fi_info* o = fab_g.devs[i]->info;
+    if (!strcmp(o->fabric_attr->prov_name, fi->fabric_attr->prov_name) && o->domain_attr->name &&
+        fi->domain_attr->name && !strcmp(o->domain_attr->name, fi->domain_attr->name))
+      return 1;
+  }
+  return 0;
+}
+
+fab_result fab_devices_discover(void) {
+  const char* want = fab_g.params.provider;
+  int rc;
+  struct fi_info* all = query(want, 0, &rc);
+  const struct fi_info* first = NULL;
+  for (const struct fi_info* fi = all; fi; fi = fi->next) {
+    const char* why = reject_reason(fi);
+    if (!why) {
+      first = fi;
+      break;
+    }
+    FAB_INFO(FAB_SUBSYS_INIT, "skipping %s/%s: %s", fi->fabric_attr->prov_name, fi->domain_attr->name, why);
+  }
+  if (!first) {
+    FAB_WARN("no usable libfabric provider%s%s: fi_getinfo(RDM, FI_TAGGED|FI_MSG, FI_ORDER_SAS, FI_THREAD_SAFE) "
+             "%s. Check `fi_info -t FI_EP_RDM`, FABRIC_PROVIDER and FI_PROVIDER",
+             want && *want ? " named " : "", want && *want ? want : "",
+             rc ? fi_strerror(-rc) : "found no entry this plugin can use");
+    fi_freeinfo(all);
+    return FAB_ERR_SYSTEM;
+  }
+  char prov[128];
+  snprintf(prov, sizeof(prov), "%s", first->fabric_attr->prov_name);
+  struct fi_info* hmem = query(prov, 1, &rc);
+  struct fi_info* list = hmem ? hmem : all;
+  for (const struct fi_info* fi = list; fi; fi = fi->next) {
+    if (strcmp(fi->fabric_attr->prov_name, prov) || reject_reason(fi) || already_have(fi)) continue;
+    if (add_device(fi) != 0) break;
+  }
+  fi_freeinfo(hmem);
+  fi_freeinfo(all);
+  if (fab_g.nphys == 0) {
+    FAB_WARN("provider %s offers no usable domain (out of memory?)", prov);
+    return FAB_ERR_SYSTEM;
+  }
+  return FAB_OK;
+}
+
+fab_result fab_domain_open(fab_device* d) {
+  if (d->dom) return FAB_OK;
+  fab_domain* dom = calloc(1, sizeof(*dom));
+  if (!dom) {
+    FAB_WARN("out of memory opening device %s", d->name);
+    return FAB_ERR_SYSTEM;
+  }
+  atomic_init(&dom->next_key, 1);
+  int rc = fi_fabric(d->info->fabric_attr, &dom->fabric, NULL);
+  const char* what = "fi_fabric";
+  if (rc == 0) {
+    what = "fi_domain";
+    rc = fi_domain(dom->fabric, d->info, &dom->domain, NULL);
+  }
+  if (rc == 0 && !(dom->mr_cache = fab_mr_cache_create())) rc = -FI_ENOMEM;
+  if (rc != 0) {
+    FAB_WARN("%s for %s/%s failed: %s", what, fab_device_provider(d), d->name, fi_strerror(-rc));
+    if (dom->domain) fi_close(&dom->domain->fid);
+    if (dom->fabric) fi_close(&dom->fabric->fid);
+    free(dom);
+    return FAB_ERR_SYSTEM;
+  }
+  d->dom = dom;
+  return FAB_OK;
+}
+
+static void domain_close(fab_device* d) {
+  if (!d->dom) return;
+  fab_mr_domain_close(d);
+  if (d->dom->domain) fi_close(&d->dom->domain->fid);
+  if (d->dom->fabric) fi_close(&d->dom->fabric->fid);
+  free(d->dom);
+  d->dom = NULL;
+}
+
+void fab_devices_release(void) {
+  int n = atomic_load(&fab_g.ndevs);
+  for (int i = n - 1; i >= 0; i--) {
+    fab_device* d = fab_g.devs[i];
+    if (!d) continue;
+    domain_close(d);
+    if (d->info) fi_freeinfo(d->info);
+    free(d->pci_path);
+    free(d);
+    fab_g.devs[i] = NULL;
+  }
+  atomic_store(&fab_g.ndevs, 0);
+  fab_g.nphys = 0;
+}
+
+const char* fab_device_provider(const fab_device* d) {
+  const fab_device* c = d->physical ? d : fab_g.devs[d->carrier];
+  return c->info->fabric_attr->prov_name;
+}
+
+/* --- virtual devices ------------------------------------------------------ */
+
+static fab_result check_vprops(const fab_vdevice_props* vp) {
+  if (vp->ndevs < 2 || vp->ndevs > FAB_MAX_VDEV_DEVS) {
+    FAB_WARN("makeVDevice: ndevs %d out of range 2..%d", vp->ndevs, FAB_MAX_VDEV_DEVS);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  for (int i = 0; i < vp->ndevs; i++) {
+    if (vp->devs[i] < 0 || vp->devs[i] >= fab_g.nphys) {
+      FAB_WARN("makeVDevice: devs[%d] = %d is not a physical device (0..%d)", i, vp->devs[i], fab_g.nphys - 1);
+      return FAB_ERR_INVALID_USAGE;
+    }
+    for (int j = 0; j < i; j++) {
+      if (vp->devs[j] == vp->devs[i]) {
+        FAB_WARN("makeVDevice: device %d listed twice", vp->devs[i]);
+        return FAB_ERR_INVALID_USAGE;
+      }
+    }
+  }
+  return FAB_OK;
+}
+
+/* Caller holds the engine lock. In this version traffic of a virtual device
+ * runs over its first member only, so it reports that member's speed and
+ * PCI path; the rest of the properties are the members' common ground. */
+fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out) {
+  fab_result rc = check_vprops(vp);
+  if (rc != FAB_OK) return rc;
+  int idx = atomic_load(&fab_g.ndevs);
+  if (idx >= FAB_MAX_DEVICES) {
+    FAB_WARN("makeVDevice: device table full (%d devices)", FAB_MAX_DEVICES);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  fab_device* d = calloc(1, sizeof(*d));
+  if (!d) {
+    FAB_WARN("makeVDevice: out of memory");
+    return FAB_ERR_SYSTEM;
+  }
+  const fab_device* first = fab_g.devs[vp->devs[0]];
+  *d = *first;
+  d->index = idx;
+  d->physical = 0;
+  d->carrier = first->index;
+  d->info = NULL;
+  d->dom = NULL;
+  d->pci_path = first->pci_path ? strdup(first->pci_path) : NULL;
+  size_t used = 0;
+  uint64_t guid = FAB_FNV_SEED;
+  for (int i = 0; i < vp->ndevs; i++) {
+    const fab_device* m = fab_g.devs[vp->devs[i]];
+    used += (size_t)snprintf(d->name + used, sizeof(d->name) - used, "%s%s", i ? "+" : "", m->name);
+    if (used >= sizeof(d->name)) used = sizeof(d->name) - 1;
+    guid = fab_fnv1a(guid, &m->props.guid, sizeof(m->props.guid));
+    d->props.ptr_support &= m->props.ptr_support;
+    if (m->props.max_comms < d->props.max_comms) d->props.max_comms = m->props.max_comms;
+    if (m->props.max_p2p_bytes < d->props.max_p2p_bytes) d->props.max_p2p_bytes = m->props.max_p2p_bytes;
+    if (m->props.max_coll_bytes < d->props.max_coll_bytes) d->props.max_coll_bytes = m->props.max_coll_bytes;
+  }
+  d->props.name = d->name;
+  d->props.pci_path = d->pci_path;
+  d->props.guid = guid;
+  d->props.vprops = *vp;
+  for (int i = vp->ndevs; i < FAB_MAX_VDEV_DEVS; i++) d->props.vprops.devs[i] = 0;
+  fab_g.devs[idx] = d;
+  atomic_store(&fab_g.ndevs, idx + 1);
+  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "virtual device %d = %s (traffic on device %d)", idx, d->name,
+           d->carrier);
+  *out = idx;
+  return FAB_OK;
+}

@@ -1,0 +1,212 @@
+/*
+ * Endpoints: one libfabric endpoint, CQ and AV per (context, physical
+ * device), created on first use. Completion dispatch lives here: every
+ * operation's context is a fab_op whose fn handles the completion.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_engine.h"
+#include "fab_mr.h"
+
+enum { FAB_CQ_BATCH_MAX = 256 };
+
+fab_result fab_result_from_fi(int fi_err) {
+  switch (fi_err < 0 ? -fi_err : fi_err) {
+    case FI_ECONNRESET:
+    case FI_ECONNREFUSED:
+    case FI_ECONNABORTED:
+    case FI_EHOSTUNREACH:
+    case FI_ENOTCONN:
+    case FI_ESHUTDOWN:
+    case FI_ENETUNREACH:
+    case FI_EADDRNOTAVAIL:
+    case FI_ETIMEDOUT:
+      return FAB_ERR_REMOTE;
+    default:
+      return FAB_ERR_SYSTEM;
+  }
+}
+
+static fab_result open_fail(fab_endpoint* ep, const char* what, int rc) {
+  if (what)
+    FAB_WARN("%s on %s/%s failed: %s; check the provider's resource limits (FI_LOG_LEVEL=warn tells more)", what,
+           fab_device_provider(ep->dev), ep->dev->name, fi_strerror(rc < 0 ? -rc : rc));
+  if (ep->ep) fi_close(&ep->ep->fid);
+  if (ep->cq) fi_close(&ep->cq->fid);
+  if (ep->av) fi_close(&ep->av->fid);
+  pthread_mutex_destroy(&ep->lock);
+  free(ep);
+  return FAB_ERR_SYSTEM;
+}
+
+fab_result fab_endpoint_create(fab_ctx* ctx, fab_device* dev, fab_endpoint** out) {
+  fab_endpoint* ep = calloc(1, sizeof(*ep));
+  if (!ep) {
+    FAB_WARN("out of memory creating an endpoint on %s", dev->name);
+    return FAB_ERR_SYSTEM;
+  }
+  pthread_mutex_init(&ep->lock, NULL);
+  ep->ctx = ctx;
+  ep->dev = dev;
+  fab_list_init(&ep->listens);
+  fab_list_init(&ep->connects);
+  fab_list_init(&ep->comms);
+  fab_list_init(&ep->parked);
+  ep->next_conn_id = 1;
+  ep->next_connector_id = 1;
+  ep->cq_batch = fab_g.params.cq_read_count;
+  if (ep->cq_batch < 1) ep->cq_batch = 1;
+  if (ep->cq_batch > FAB_CQ_BATCH_MAX) ep->cq_batch = FAB_CQ_BATCH_MAX;
+
+  struct fid_domain* domain = dev->dom->domain;
+  struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_NONE};
+  int rc = fi_cq_open(domain, &cq_attr, &ep->cq, NULL);
+  if (rc) return open_fail(ep, "fi_cq_open", rc);
+  struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+  rc = fi_av_open(domain, &av_attr, &ep->av, NULL);
+  if (rc) return open_fail(ep, "fi_av_open", rc);
+  rc = fi_endpoint(domain, dev->info, &ep->ep, NULL);
+  if (rc) return open_fail(ep, "fi_endpoint", rc);
+  rc = fi_ep_bind(ep->ep, &ep->cq->fid, FI_TRANSMIT | FI_RECV);
+  if (rc) return open_fail(ep, "fi_ep_bind(cq)", rc);
+  rc = fi_ep_bind(ep->ep, &ep->av->fid, 0);
+  if (rc) return open_fail(ep, "fi_ep_bind(av)", rc);
+  rc = fi_enable(ep->ep);
+  if (rc) return open_fail(ep, "fi_enable", rc);
+  size_t len = sizeof(ep->addr);
+  rc = fi_getname(&ep->ep->fid, ep->addr, &len);
+  if (rc == -FI_ETOOSMALL) return open_fail(ep, "fi_getname (address longer than the handle can carry)", rc);
+  if (rc) return open_fail(ep, "fi_getname", rc);
+  ep->addr_len = len;
+  fab_result frc = fab_ctrl_rx_setup(ep);
+  if (frc != FAB_OK) {
+    fi_close(&ep->ep->fid); /* the control receives reference ep->ctrl_rx */
+    ep->ep = NULL;
+    fab_conn_endpoint_teardown(ep);
+    return open_fail(ep, NULL, 0); /* fab_ctrl_rx_setup WARNed */
+  }
+  char name[128];
+  fab_ep_peer_name(ep, FI_ADDR_NOTAVAIL, name, sizeof(name));
+  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "endpoint on %s/%s: %s", fab_device_provider(dev), dev->name, name);
+  *out = ep;
+  return FAB_OK;
+}
+
+void fab_endpoint_destroy(fab_endpoint* ep) {
+  if (!ep) return;
+  /* Closing the endpoint first guarantees libfabric no longer references any
+   * context or buffer of ours; only then is everything freed. */
+  if (ep->ep) fi_close(&ep->ep->fid);
+  ep->ep = NULL;
+  fab_conn_endpoint_teardown(ep);
+  if (ep->cq) fi_close(&ep->cq->fid);
+  if (ep->av) fi_close(&ep->av->fid);
+  free(ep->av_cache);
+  pthread_mutex_destroy(&ep->lock);
+  free(ep);
+}
+
+static fab_result cq_failed(fab_endpoint* ep, const char* what, ssize_t rc) {
+  ep->failed = FAB_ERR_SYSTEM;
+  FAB_WARN("%s on %s/%s failed: %s; the endpoint is unusable, its pending operations cannot complete", what,
+           fab_device_provider(ep->dev), ep->dev->name, fi_strerror((int)-rc));
+  return FAB_ERR_SYSTEM;
+}
+
+static fab_result read_error(fab_endpoint* ep) {
+  struct fi_cq_err_entry err;
+  memset(&err, 0, sizeof(err));
+  ssize_t rc = fi_cq_readerr(ep->cq, &err, 0);
+  if (rc == -FI_EAGAIN) return FAB_OK;
+  if (rc < 0) return cq_failed(ep, "fi_cq_readerr", rc);
+  fab_op* op = err.op_context;
+  if (op) {
+    op->fn(op, NULL, &err);
+  } else {
+    char buf[256];
+    FAB_WARN("%s/%s reported an error without an operation: %s (%s); ignored", fab_device_provider(ep->dev),
+             ep->dev->name, fi_strerror(err.err),
+             fi_cq_strerror(ep->cq, err.prov_errno, err.err_data, buf, sizeof(buf)));
+  }
+  return FAB_OK;
+}
+
+fab_result fab_ep_progress_locked(fab_endpoint* ep) {
+  if (FAB_UNLIKELY(ep->failed)) return ep->failed;
+  struct fi_cq_msg_entry e[FAB_CQ_BATCH_MAX];
+  ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
+  if (n > 0) {
+    for (ssize_t i = 0; i < n; i++) {
+      fab_op* op = e[i].op_context;
+      if (FAB_LIKELY(op != NULL)) op->fn(op, &e[i], NULL);
+    }
+    return FAB_OK;
+  }
+  if (n == -FI_EAGAIN) return FAB_OK;
+  if (n == -FI_EAVAIL) return read_error(ep);
+  return cq_failed(ep, "fi_cq_read", n);
+}
+
+int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out) {
+  uint64_t h = fab_fnv1a(FAB_FNV_SEED, addr, len);
+  for (size_t i = 0; i < ep->av_count; i++) {
+    fab_av_entry* a = &ep->av_cache[i];
+    if (a->hash == h && a->len == len && !memcmp(a->addr, addr, len)) {
+      *out = a->fi_addr;
+      return 0;
+    }
+  }
+  if (ep->av_count == ep->av_cap) {
+    size_t cap = ep->av_cap ? ep->av_cap * 2 : 16;
+    fab_av_entry* v = realloc(ep->av_cache, cap * sizeof(*v));
+    if (!v) return -FI_ENOMEM;
+    ep->av_cache = v;
+    ep->av_cap = cap;
+  }
+  fi_addr_t fa = FI_ADDR_NOTAVAIL;
+  int rc = fi_av_insert(ep->av, addr, 1, &fa, 0, NULL);
+  if (rc != 1 || fa == FI_ADDR_NOTAVAIL) return rc < 0 ? rc : -FI_EINVAL;
+  fab_av_entry* a = &ep->av_cache[ep->av_count++];
+  a->hash = h;
+  a->len = len;
+  memcpy(a->addr, addr, len);
+  a->fi_addr = fa;
+  *out = fa;
+  return 0;
+}
+
+/* A printable address: the peer's when a is an AV entry, else our own. */
+void fab_ep_peer_name(fab_endpoint* ep, fi_addr_t a, char* buf, size_t len) {
+  const void* raw = ep->addr;
+  for (size_t i = 0; a != FI_ADDR_NOTAVAIL && i < ep->av_count; i++) {
+    if (ep->av_cache[i].fi_addr == a) raw = ep->av_cache[i].addr;
+  }
+  size_t n = len;
+  buf[0] = '\0';
+  if (!fi_av_straddr(ep->av, raw, buf, &n)) snprintf(buf, len, "(unprintable address)");
+  buf[len - 1] = '\0';
+}
+
+void fab_ep_park(fab_endpoint* ep, fab_parked* p) { fab_list_push(&ep->parked, &p->node); }
+
+/* Control buffers need a descriptor on FI_MR_LOCAL providers. */
+int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr, void** desc) {
+  *mr = NULL;
+  *desc = NULL;
+  if (!ep->dev->mr_local) return 0;
+  fab_domain* dom = ep->dev->dom;
+  uint64_t key = ep->dev->prov_key ? 0 : atomic_fetch_add(&dom->next_key, 1);
+  int rc = fi_mr_reg(dom->domain, buf, len, FI_SEND | FI_RECV, 0, key, 0, mr, NULL);
+  if (rc != 0) {
+    *mr = NULL;
+    return rc;
+  }
+  *desc = fi_mr_desc(*mr);
+  return 0;
+}
+
+void fab_ep_ctrl_dereg(struct fid_mr* mr) {
+  if (mr) fi_close(&mr->fid);
+}

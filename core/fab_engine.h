@@ -1,0 +1,299 @@
+/*
+ * The engine's object model, shared by the core and the transports.
+ *
+ *   engine (one per process, while some init is live)
+ *    +- device[]         one per (provider, domain), then virtual devices
+ *    |   +- domain       fabric + domain + MR cache, opened on first use
+ *    +- ctx[]            one per fab_init (v11+) plus the process context
+ *        +- endpoint[]   per physical device, created on first use:
+ *            |           ep + CQ + AV + lock, handshake state
+ *            +- listen comms, pending connects, send/recv comms,
+ *               parked objects (closed, waiting for completions)
+ *
+ * Every libfabric operation carries a fab_op as its context; completions are
+ * dispatched through fab_op.fn. CQ reads and all handshake state of an
+ * endpoint are serialised by the endpoint's lock; the data path takes no
+ * other lock than the request pool's spin lock.
+ */
+#ifndef FAB_ENGINE_H
+#define FAB_ENGINE_H
+
+#include <pthread.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+#include <stdatomic.h>
+
+#include "fab_core.h"
+#include "fab_log.h"
+#include "fab_objtab.h"
+#include "fab_params.h"
+#include "fab_pool.h"
+#include "fab_util.h"
+#include "fab_wire.h"
+
+enum { FAB_MAX_DEVICES = 64 };
+
+typedef struct fab_transport_ops fab_transport_ops;
+typedef struct fab_mr_cache fab_mr_cache;
+typedef struct fab_endpoint fab_endpoint;
+typedef struct fab_comm fab_comm;
+typedef struct fab_req fab_req;
+
+/* --- operations and parked objects ---------------------------------------- */
+
+typedef struct fab_op fab_op;
+/* Exactly one of done / err is non-NULL. Runs with the endpoint lock held. */
+typedef void (*fab_op_fn)(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err);
+
+struct fab_op {
+  struct fi_context2 ctx; /* first: libfabric's op_context points here */
+  fab_op_fn fn;
+  void* owner;
+  uint32_t index;
+};
+
+static inline void fab_op_init(fab_op* op, fab_op_fn fn, void* owner, uint32_t index) {
+  op->fn = fn;
+  op->owner = owner;
+  op->index = index;
+}
+
+/* An object with operations in flight that nobody owns any more waits on its
+ * endpoint's parked list until its last completion frees it; endpoint
+ * teardown destroys whatever is left after the endpoint is closed. */
+typedef struct fab_parked {
+  fab_list node;
+  void (*destroy)(struct fab_parked* p);
+} fab_parked;
+
+/* --- devices -------------------------------------------------------------- */
+
+typedef struct fab_domain {
+  struct fid_fabric* fabric;
+  struct fid_domain* domain;
+  fab_mr_cache* mr_cache;
+  _Atomic uint64_t next_key; /* requested_key when the provider does not pick keys */
+} fab_domain;
+
+typedef struct fab_device {
+  int index;
+  int physical;          /* 0 for a virtual device */
+  int carrier;           /* physical device that carries the traffic (itself, or vprops.devs[0]) */
+  struct fi_info* info;  /* physical only */
+  fab_domain* dom;       /* physical only; opened on first endpoint */
+  const fab_transport_ops* ops;
+  fab_tag_layout tags;
+  int mr_local;          /* FI_MR_LOCAL: every buffer needs a descriptor */
+  int mr_hmem;           /* FI_MR_HMEM: device memory needs registration */
+  int prov_key;          /* FI_MR_PROV_KEY granted */
+  int hmem;              /* FI_HMEM granted */
+  uint32_t prov_hash;
+  fab_properties props;
+  char name[FAB_NAME_MAX];
+  char* pci_path;
+} fab_device;
+
+/* --- contexts ------------------------------------------------------------- */
+
+struct fab_ctx {
+  void* handle; /* objtab handle given to the runtime */
+  uint64_t comm_id;
+  int is_process;
+  fab_comm_config config;
+  fab_net_attr net_attr;
+  fab_list node; /* engine's context list */
+  _Atomic(fab_endpoint*) eps[FAB_MAX_DEVICES];
+};
+
+/* --- endpoints ------------------------------------------------------------ */
+
+enum { FAB_CTRL_RX = 16 }; /* connect-request buffers posted per listening endpoint */
+
+typedef struct fab_av_entry {
+  uint64_t hash;
+  size_t len;
+  uint8_t addr[FAB_ADDR_MAX];
+  fi_addr_t fi_addr;
+} fab_av_entry;
+
+struct fab_endpoint {
+  pthread_mutex_t lock;
+  fab_ctx* ctx;
+  fab_device* dev; /* physical */
+  struct fid_ep* ep;
+  struct fid_cq* cq;
+  struct fid_av* av;
+  uint8_t addr[FAB_ADDR_MAX];
+  size_t addr_len;
+  int cq_batch;
+  fab_result failed; /* sticky after the CQ itself failed */
+  /* handshake state, under lock */
+  struct fab_ctrl_rx* ctrl_rx; /* FAB_CTRL_RX connect-request receives, posted on first listen */
+  fab_list listens;
+  fab_list connects; /* pending connects */
+  fab_list comms;    /* live send and recv comms */
+  fab_list parked;
+  uint32_t next_conn_id;
+  int conn_wrapped;
+  uint32_t next_connector_id;
+  fab_av_entry* av_cache;
+  size_t av_count, av_cap;
+};
+
+/* --- comms and requests --------------------------------------------------- */
+
+#define FAB_COMM_MAGIC 0x4d4d4f43u /* "COMM" */
+#define FAB_REQ_MAGIC 0x51455246u  /* "FREQ" */
+
+/* ORPHAN: test reported it failed (its comm's peer is gone) while a libfabric
+ * operation still references it; its last completion returns it to the pool. */
+enum { FAB_REQ_FREE = 0, FAB_REQ_ACTIVE = 1, FAB_REQ_ORPHAN = 2 };
+enum { FAB_REQ_SEND = 1, FAB_REQ_RECV = 2 };
+enum { FAB_SUB_IDLE = 0, FAB_SUB_POSTED = 1, FAB_SUB_DONE = 2 };
+
+typedef struct fab_sub {
+  fab_op op;
+  void* data;
+  size_t size; /* posted size */
+  size_t got;  /* bytes received */
+  void* desc;
+  uint64_t tag;
+  int state; /* FAB_SUB_* */
+} fab_sub;
+
+struct fab_req {
+  uint32_t magic;
+  uint8_t state; /* FAB_REQ_* */
+  uint8_t type;  /* FAB_REQ_SEND / RECV */
+  uint8_t n;
+  uint8_t nposted;
+  _Atomic int pending; /* sub-operations not completed yet (posted or not) */
+  fab_result result;   /* first error of a sub-operation */
+  char* errmsg;        /* its description (error path only) */
+  fab_comm* comm;
+  fab_sub sub[];
+};
+
+struct fab_comm {
+  uint32_t magic;
+  fab_obj_kind kind; /* FAB_OBJ_SEND / RECV */
+  void* handle;
+  fab_endpoint* ep;
+  fab_device* dev; /* as named by the runtime (may be virtual) */
+  const fab_transport_ops* ops;
+  fi_addr_t peer;
+  uint32_t conn_id;
+  uint64_t tag_base; /* fab_tag_data(conn_id, 0) */
+  size_t max_bytes;
+  int mr_local;
+  int closing;
+  _Atomic fab_result error; /* sticky failure of the connection itself (set under ep lock) */
+  char error_why[160];
+  fab_comm_config config;
+  _Atomic int inflight; /* libfabric operations posted and not completed */
+  fab_parked park;      /* in ep->comms while live, ep->parked once closed */
+  fab_pool reqs;
+  fab_req* backlog;     /* recv: grouped receive not fully posted yet */
+  fab_op answer_op;     /* recv: the accept answer in flight */
+  fab_wire_accept answer;
+  struct fid_mr* answer_mr;
+  /* peer liveness (ep lock, except stall_polls: the testing thread's) */
+  uint64_t ncompl, ncompl_seen;
+  int64_t stall_since_ms, last_probe_ms;
+  int probe_posted;
+  uint32_t stall_polls;
+  fab_op probe_op;
+  char peer_name[96];
+};
+
+/* --- engine --------------------------------------------------------------- */
+
+typedef struct fab_engine {
+  pthread_mutex_t lock;
+  _Atomic int up;
+  int ninit;         /* live fab_init contexts */
+  fab_ctx* process;  /* fab_init_process context */
+  struct fab_params params;
+  fab_device* devs[FAB_MAX_DEVICES];
+  _Atomic int ndevs;
+  int nphys;
+  fab_list ctxs;
+  int cuda_ok;
+} fab_engine;
+
+extern fab_engine fab_g;
+
+/* fab_plugin.c */
+fab_ctx* fab_ctx_resolve(fab_ctx* handle, const char* fn); /* NULL -> process context; WARNs */
+fab_device* fab_device_get(int dev, const char* fn);        /* WARNs */
+fab_result fab_endpoint_get(fab_ctx* ctx, fab_device* dev, fab_endpoint** out);
+
+/* fab_device.c */
+fab_result fab_devices_discover(void);
+void fab_devices_release(void);
+fab_result fab_domain_open(fab_device* dev);
+fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out); /* engine lock held */
+const char* fab_device_provider(const fab_device* dev);
+
+/* fab_comm.c */
+void fab_comm_free(fab_comm* c);
+/* Marks the connection failed (sticky); later calls on it return the error.
+ * ep lock held. Does not WARN: the calls that return the error do. */
+void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);
+/* A transport's test calls this while a request of c stays pending: after
+ * FAB_STALL_POLLS polls it looks for signs of life from the peer, probes it,
+ * and fails the comm after FABRIC_PEER_TIMEOUT_MS without any. */
+enum { FAB_STALL_POLLS = 256, FAB_PROBE_INTERVAL_MS = 1000 };
+void fab_comm_check_peer(fab_comm* c);
+static inline void fab_comm_stalled(fab_comm* c) {
+  if (FAB_UNLIKELY(++c->stall_polls >= FAB_STALL_POLLS)) {
+    c->stall_polls = 0;
+    fab_comm_check_peer(c);
+  }
+}
+void fab_conn_endpoint_teardown(fab_endpoint* ep);
+/* fab_listen.c: posts the endpoint's control receives (connect requests and
+ * liveness probes); called once when the endpoint is created. */
+fab_result fab_ctrl_rx_setup(fab_endpoint* ep);
+
+/* fab_endpoint.c */
+fab_result fab_endpoint_create(fab_ctx* ctx, fab_device* dev, fab_endpoint** out);
+void fab_endpoint_destroy(fab_endpoint* ep);
+/* Reads one batch of completions and dispatches them. Caller holds ep->lock. */
+fab_result fab_ep_progress_locked(fab_endpoint* ep);
+/* Progress unless another thread is already doing it. */
+static inline void fab_ep_try_progress(fab_endpoint* ep) {
+  if (pthread_mutex_trylock(&ep->lock) == 0) {
+    fab_ep_progress_locked(ep);
+    pthread_mutex_unlock(&ep->lock);
+  }
+}
+/* Inserts (or finds) a peer address. Caller holds ep->lock. */
+int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out);
+void fab_ep_peer_name(fab_endpoint* ep, fi_addr_t a, char* buf, size_t len);
+void fab_ep_park(fab_endpoint* ep, fab_parked* p);
+/* Registers a control-message buffer where the provider needs descriptors
+ * (FI_MR_LOCAL); returns 0 or a negative fi errno. */
+int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr, void** desc);
+void fab_ep_ctrl_dereg(struct fid_mr* mr);
+
+/* Accounting of one completed operation of comm c; frees a closed comm with
+ * its last completion. ep lock held. */
+static inline void fab_comm_op_done(fab_comm* c) {
+  c->ncompl++;
+  if (atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel) == 1 && c->closing) {
+    fab_list_del(&c->park.node);
+    fab_comm_free(c);
+  }
+}
+
+
+/* Maps libfabric errors onto result codes: peer loss -> REMOTE, else SYSTEM. */
+fab_result fab_result_from_fi(int fi_err);
+
+#endif /* FAB_ENGINE_H */

@@ -1,0 +1,300 @@
+/* The listening side of the handshake: listen, connect-request dispatch,
+ * accept, closeListen. See fab_conn.h for the protocol. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_conn.h"
+
+/* --- refusals: best-effort answers that free themselves ------------------- */
+
+typedef struct refusal {
+  fab_parked park;
+  fab_op op;
+  fab_wire_accept msg;
+  struct fid_mr* mr;
+} refusal;
+
+static void refusal_destroy(fab_parked* p) {
+  refusal* r = FAB_CONTAINER_OF(p, refusal, park);
+  fab_ep_ctrl_dereg(r->mr);
+  free(r);
+}
+
+static void refusal_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+  refusal* r = op->owner;
+  fab_list_del(&r->park.node);
+  refusal_destroy(&r->park);
+}
+
+void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status) {
+  fi_addr_t peer;
+  if (fab_ep_av_insert(ep, req->addr, req->addr_len, &peer) != 0) return;
+  refusal* r = calloc(1, sizeof(*r));
+  if (!r) return;
+  r->park.destroy = refusal_destroy;
+  fab_op_init(&r->op, refusal_done, r, 0);
+  fab_wire_accept_encode(&r->msg, status, req->listen_id, req->connector_id, 0);
+  void* desc;
+  if (fab_ep_ctrl_reg(ep, &r->msg, sizeof(r->msg), &r->mr, &desc) != 0 ||
+      fi_tsend(ep->ep, &r->msg, sizeof(r->msg), desc, peer, fab_tag_accept(&ep->dev->tags, req->connector_id),
+               &r->op.ctx) != 0) {
+    refusal_destroy(&r->park);
+    return;
+  }
+  fab_ep_park(ep, &r->park);
+}
+
+/* --- connect-request receives ----------------------------------------------- */
+
+static fab_listener* find_listen(fab_endpoint* ep, uint64_t id) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->listens) {
+    fab_listener* l = FAB_CONTAINER_OF(it, fab_listener, node);
+    if (l->listen_id == id) return l;
+  }
+  return NULL;
+}
+
+static int ctrl_rx_post(fab_ctrl_rx* rx) {
+  fab_endpoint* ep = rx->ep;
+  return (int)fi_trecv(ep->ep, &rx->msg, sizeof(rx->msg), rx->desc, FI_ADDR_UNSPEC, fab_tag_connect(&ep->dev->tags),
+                       0, &rx->op.ctx);
+}
+
+static void ctrl_rx_deliver(fab_endpoint* ep, const fab_wire_connect* raw, size_t len) {
+  if (len == 0) return; /* a liveness probe: its delivery is all the sender wanted */
+  fab_wire_connect m;
+  char why[160];
+  if (fab_wire_connect_decode(raw, len, &m, why, sizeof(why)) != 0) {
+    FAB_WARN("ignored a malformed connect request on %s: %s (a foreign or corrupted sender)", ep->dev->name, why);
+    return;
+  }
+  fab_listener* l = find_listen(ep, m.listen_id);
+  fab_conn_request* q = l ? malloc(sizeof(*q)) : NULL;
+  if (!q) {
+    fab_conn_refuse(ep, &m, FAB_ACCEPT_NO_LISTENER);
+    return;
+  }
+  q->msg = m;
+  fab_list_push(&l->queue, &q->node);
+}
+
+static void ctrl_rx_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+  fab_ctrl_rx* rx = op->owner;
+  fab_endpoint* ep = rx->ep;
+  if (err && err->err == FI_ECANCELED) return;
+  if (done) {
+    ctrl_rx_deliver(ep, &rx->msg, done->len);
+  } else if (err->err == FI_ETRUNC) {
+    FAB_WARN("ignored an oversized connect request on %s (%zu bytes too many)", ep->dev->name, err->olen);
+  }
+  int rc = ctrl_rx_post(rx);
+  if (rc != 0) {
+    FAB_WARN("re-posting a connect-request receive on %s failed: %s; this endpoint accepts fewer connections at "
+             "once", ep->dev->name, fi_strerror(-rc));
+  }
+}
+
+fab_result fab_ctrl_rx_setup(fab_endpoint* ep) {
+  if (ep->ctrl_rx) return FAB_OK;
+  fab_ctrl_rx* rx = calloc(FAB_CTRL_RX, sizeof(*rx));
+  if (!rx) {
+    FAB_WARN("out of memory creating an endpoint on %s", ep->dev->name);
+    return FAB_ERR_SYSTEM;
+  }
+  int posted = 0, rc = 0;
+  for (int i = 0; i < FAB_CTRL_RX && rc == 0; i++) {
+    rx[i].ep = ep;
+    fab_op_init(&rx[i].op, ctrl_rx_done, &rx[i], (uint32_t)i);
+    rc = fab_ep_ctrl_reg(ep, &rx[i].msg, sizeof(rx[i].msg), &rx[i].mr, &rx[i].desc);
+    if (rc == 0) rc = ctrl_rx_post(&rx[i]);
+    if (rc == 0) posted++;
+  }
+  ep->ctrl_rx = rx; /* freed at endpoint teardown, after the endpoint is closed */
+  if (posted == 0) {
+    FAB_WARN("posting connect-request receives on %s failed: %s", ep->dev->name, fi_strerror(-rc));
+    return FAB_ERR_SYSTEM;
+  }
+  return FAB_OK;
+}
+
+/* --- listen ----------------------------------------------------------------- */
+
+fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_comm) {
+  if (!listen_comm) return fab_bad_argument("listen", "listenComm", 0, "a non-NULL pointer");
+  *listen_comm = NULL;
+  if (!handle) return fab_bad_argument("listen", "handle", 0, "a non-NULL 128-byte buffer");
+  fab_ctx* ctx = fab_ctx_resolve(ctx_handle, "listen");
+  fab_device* d = ctx ? fab_device_get(dev, "listen") : NULL;
+  if (!d) return FAB_ERR_INTERNAL;
+  fab_endpoint* ep;
+  fab_result rc = fab_endpoint_get(ctx, d, &ep);
+  if (rc != FAB_OK) return rc;
+  fab_listener* l = calloc(1, sizeof(*l));
+  if (!l) {
+    FAB_WARN("listen: out of memory");
+    return FAB_ERR_SYSTEM;
+  }
+  l->magic = FAB_LISTEN_MAGIC;
+  l->ep = ep;
+  l->dev = d;
+  fab_list_init(&l->queue);
+  pthread_mutex_lock(&ep->lock);
+  do l->listen_id = fab_random64();
+  while (find_listen(ep, l->listen_id));
+  l->handle = fab_obj_add(FAB_OBJ_LISTEN, l);
+  if (!l->handle) {
+    FAB_WARN("listen: handle table full; close unused comms");
+    rc = FAB_ERR_SYSTEM;
+  }
+  if (rc == FAB_OK) fab_list_push(&ep->listens, &l->node);
+  pthread_mutex_unlock(&ep->lock);
+  if (rc != FAB_OK) {
+    free(l);
+    return rc;
+  }
+  memset(handle, 0, FAB_HANDLE_SIZE);
+  fab_wire_handle_encode(handle, l->listen_id, ep->dev->prov_hash, ep->addr, ep->addr_len);
+  *listen_comm = l->handle;
+  return FAB_OK;
+}
+
+/* --- accept ----------------------------------------------------------------- */
+
+static void answer_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+  fab_comm* c = op->owner;
+  if (err && err->err != FI_ECANCELED && !c->closing) {
+    char why[160];
+    snprintf(why, sizeof(why), "the answer to its connect request was not delivered (%s)", fi_strerror(err->err));
+    fab_comm_fail(c, fab_result_from_fi(err->err), why);
+  }
+  fab_comm_op_done(c);
+}
+
+/* Creates the recv comm for a queued request; NULL after refusing it. */
+static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
+  fab_endpoint* ep = l->ep;
+  fab_comm* c = fab_comm_alloc(ep, l->dev, FAB_OBJ_RECV, NULL);
+  if (!c) {
+    fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_ADDRESS);
+    return NULL;
+  }
+  int rc = fab_ep_av_insert(ep, req->addr, req->addr_len, &c->peer);
+  if (rc != 0) {
+    FAB_WARN("accept: the connector's address cannot be used (%s); refused it", fi_strerror(-rc));
+    fab_comm_free(c);
+    return NULL;
+  }
+  fab_ep_peer_name(ep, c->peer, c->peer_name, sizeof(c->peer_name));
+  c->conn_id = fab_conn_id_next(ep);
+  c->tag_base = fab_tag_data(c->conn_id, 0);
+  fab_op_init(&c->answer_op, answer_done, c, 0);
+  fab_wire_accept_encode(&c->answer, FAB_ACCEPT_OK, req->listen_id, req->connector_id, c->conn_id);
+  l->accepting_connector = req->connector_id;
+  return c;
+}
+
+/* Posts the answer; 1 when posted, 0 to retry later, -1 on failure. */
+static int accept_answer(fab_listener* l) {
+  fab_comm* c = l->accepting;
+  fab_endpoint* ep = l->ep;
+  void* desc = NULL;
+  if (!c->answer_mr && fab_ep_ctrl_reg(ep, &c->answer, sizeof(c->answer), &c->answer_mr, &desc) != 0) {
+    FAB_WARN("accept: registering the answer buffer on %s failed", ep->dev->name);
+    return -1;
+  }
+  if (c->answer_mr) desc = fi_mr_desc(c->answer_mr);
+  atomic_fetch_add(&c->inflight, 1);
+  ssize_t rc = fi_tsend(ep->ep, &c->answer, sizeof(c->answer), desc, c->peer,
+                        fab_tag_accept(&ep->dev->tags, l->accepting_connector), &c->answer_op.ctx);
+  if (rc == 0) return 1;
+  atomic_fetch_sub(&c->inflight, 1);
+  if (rc == -FI_EAGAIN) return 0;
+  FAB_WARN("accept: sending the answer to %s failed: %s", c->peer_name, fi_strerror((int)-rc));
+  return -1;
+}
+
+fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {
+  (void)dev_handle;
+  if (!recv_comm) return fab_bad_argument("accept", "recvComm", 0, "a non-NULL pointer");
+  *recv_comm = NULL;
+  fab_listener* l = fab_obj_get(listen_comm, FAB_OBJ_LISTEN);
+  if (!l) {
+    fab_obj_kind k = fab_obj_kind_of(listen_comm);
+    FAB_WARN("accept: %p is %s, not a live listen comm", listen_comm, k ? fab_obj_kind_name(k) : "unknown or closed");
+    return FAB_ERR_INTERNAL;
+  }
+  fab_endpoint* ep = l->ep;
+  fab_result rc = FAB_OK;
+  pthread_mutex_lock(&ep->lock);
+  fab_ep_progress_locked(ep);
+  if (!l->accepting) {
+    fab_list* n = fab_list_pop(&l->queue);
+    if (n) {
+      fab_conn_request* q = FAB_CONTAINER_OF(n, fab_conn_request, node);
+      l->accepting = accept_start(l, &q->msg);
+      free(q);
+    }
+  }
+  if (l->accepting) {
+    fab_comm* c = l->accepting;
+    int posted = accept_answer(l);
+    if (posted != 0) l->accepting = NULL;
+    if (posted > 0) c->handle = fab_obj_add(FAB_OBJ_RECV, c);
+    if (posted > 0 && c->handle) {
+      fab_list_push(&ep->comms, &c->park.node);
+      *recv_comm = c->handle;
+      FAB_INFO(FAB_SUBSYS_NET, "accepted %s on %s as connection %u", c->peer_name, l->dev->name, c->conn_id);
+    } else if (posted != 0) {
+      if (posted > 0) FAB_WARN("accept: handle table full; close unused comms");
+      c->closing = 1;
+      if (atomic_load(&c->inflight) == 0) fab_comm_free(c);
+      else fab_ep_park(ep, &c->park);
+      rc = FAB_ERR_SYSTEM;
+    }
+  }
+  pthread_mutex_unlock(&ep->lock);
+  return rc;
+}
+
+/* --- close ------------------------------------------------------------------ */
+
+static void listen_free_locked(fab_listener* l, int refuse) {
+  fab_list_del(&l->node);
+  for (fab_list* n; (n = fab_list_pop(&l->queue));) {
+    fab_conn_request* q = FAB_CONTAINER_OF(n, fab_conn_request, node);
+    if (refuse) fab_conn_refuse(l->ep, &q->msg, FAB_ACCEPT_NO_LISTENER);
+    free(q);
+  }
+  if (l->accepting) fab_comm_free(l->accepting); /* nothing of it was posted */
+  l->magic = 0;
+  free(l);
+}
+
+fab_result fab_close_listen(void* listen_comm) {
+  fab_listener* l = fab_obj_remove(listen_comm, FAB_OBJ_LISTEN);
+  if (!l) {
+    fab_obj_kind k = fab_obj_kind_of(listen_comm);
+    FAB_WARN("closeListen: %p is %s, not a live listen comm", listen_comm,
+             k ? fab_obj_kind_name(k) : "unknown or already closed");
+    return FAB_ERR_INTERNAL;
+  }
+  fab_endpoint* ep = l->ep;
+  pthread_mutex_lock(&ep->lock);
+  listen_free_locked(l, 1);
+  pthread_mutex_unlock(&ep->lock);
+  return FAB_OK;
+}
+
+void fab_listen_teardown(fab_endpoint* ep) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->listens) {
+    fab_listener* l = FAB_CONTAINER_OF(it, fab_listener, node);
+    fab_obj_remove(l->handle, FAB_OBJ_LISTEN);
+    listen_free_locked(l, 0);
+  }
+  if (ep->ctrl_rx) {
+    for (int i = 0; i < FAB_CTRL_RX; i++) fab_ep_ctrl_dereg(ep->ctrl_rx[i].mr);
+    free(ep->ctrl_rx);
+    ep->ctrl_rx = NULL;
+  }
+}

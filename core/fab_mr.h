@@ -1,0 +1,74 @@
+/*
+ * Memory registration. Every regMr returns its own handle (an objtab handle to
+ * a fab_mr); the libfabric registration behind it comes from a per-domain
+ * cache keyed by page-aligned range, so a sub-range of a live registration
+ * costs a lookup and a reference (this makes regIsGlobal=1 honest).
+ *
+ * fi_mr_reg is only called when the provider needs it: FI_MR_LOCAL (every
+ * buffer needs a descriptor) or device memory (FI_HMEM). Otherwise the handle
+ * still exists, validates, and carries a NULL descriptor.
+ */
+#ifndef FAB_MR_H
+#define FAB_MR_H
+
+#include "fab_engine.h"
+
+typedef struct fab_mr_entry {
+  uintptr_t base;
+  size_t len;
+  int type; /* FAB_PTR_HOST / CUDA */
+  int cuda_dev;
+  int refs;
+  int cached; /* 0: private registration (dma-buf), not in the cache */
+  struct fid_mr* mr;
+  void* desc;
+} fab_mr_entry;
+
+typedef struct fab_mr {
+  uintptr_t addr;
+  size_t len;
+  int type;
+  int cuda_dev;
+  void* desc; /* what goes to libfabric; NULL when the provider needs none */
+  fab_mr_entry* entry;
+  fab_device* dev; /* physical device whose domain holds entry */
+  void* handle;
+  fab_list node; /* in the cache's handle list */
+} fab_mr;
+
+/* The registration backend, replaceable so unit tests can count calls. */
+typedef int (*fab_mr_reg_fn)(void* arg, fab_mr_entry* e);
+typedef void (*fab_mr_close_fn)(void* arg, fab_mr_entry* e);
+
+struct fab_mr_cache {
+  pthread_mutex_t lock;
+  fab_mr_entry** v; /* sorted by base */
+  size_t n, cap;
+  size_t max_len; /* longest entry ever: bounds the backward scan */
+  uint64_t hits, misses;
+  fab_list handles; /* every live fab_mr of the domain */
+};
+
+fab_mr_cache* fab_mr_cache_create(void);
+/* Closes whatever is left (close may be NULL) and frees the cache. */
+void fab_mr_cache_destroy(fab_mr_cache* c, fab_mr_close_fn close, void* arg);
+/* A registration covering [addr, addr+len) of this type, new or shared.
+ * Returns NULL with *err (negative fi errno) set when registering failed. */
+fab_mr_entry* fab_mr_cache_acquire(fab_mr_cache* c, uintptr_t addr, size_t len, int type, int cuda_dev,
+                                   fab_mr_reg_fn reg, void* arg, int* err);
+void fab_mr_cache_release(fab_mr_cache* c, fab_mr_entry* e, fab_mr_close_fn close, void* arg);
+
+/* The API behind fab_reg_mr / fab_reg_mr_dmabuf / fab_dereg_mr, on the
+ * domain of comm's device. */
+fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint64_t offset, int fd,
+                           void** mhandle, const char* fn);
+fab_result fab_mr_deregister(void* mhandle);
+
+/* Data path: resolves mhandle for [data, data+size) on comm c. NULL mhandle
+ * is accepted when the provider needs no descriptor for host memory. WARNs. */
+fab_result fab_mr_resolve(fab_comm* c, void* mhandle, const void* data, size_t size, const char* fn, fab_mr** mr);
+
+/* Domain teardown: drops every handle still registered on dom's device. */
+void fab_mr_domain_close(fab_device* dev);
+
+#endif /* FAB_MR_H */

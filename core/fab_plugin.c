@@ -1,0 +1,225 @@
+/*
+ * Engine lifetime, contexts and the device queries.
+ *
+ *  - fab_init (net v11+) creates one context per communicator, config copied;
+ *    each is paired with one fab_finalize.
+ *  - fab_init_process (net v10 and older) creates the process context once;
+ *    NCCL never finalizes it, so it lives until the library is unloaded.
+ *  - The engine (params, devices, CUDA probe) comes up with the first init of
+ *    either kind and goes down with the last fab_finalize when no process
+ *    context exists, or in the library destructor (dlclose or exit). No
+ *    atexit. All static state is reset on the way down, so the library works
+ *    again after dlclose + dlopen and after finalize + init.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_cuda.h"
+#include "fab_engine.h"
+
+fab_engine fab_g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static fab_result engine_up(void) {
+  if (fab_g.up) return FAB_OK;
+  fab_list_init(&fab_g.ctxs);
+  char bad[512];
+  if (fab_params_load(&fab_g.params, bad, sizeof(bad)) != 0) FAB_WARN("ignored bad parameter values: %s", bad);
+  fab_g.cuda_ok = fab_cuda_init();
+  fab_result rc = fab_devices_discover();
+  if (rc != FAB_OK) {
+    fab_devices_release();
+    fab_cuda_fini();
+    fab_g.cuda_ok = 0;
+    return rc;
+  }
+  fab_g.up = 1;
+  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "engine up: %d devices on %s, CUDA %s", fab_g.nphys,
+           fab_device_provider(fab_g.devs[0]), fab_g.cuda_ok ? "usable" : "not usable");
+  return FAB_OK;
+}
+
+static void ctx_destroy(fab_ctx* ctx) {
+  for (int i = 0; i < FAB_MAX_DEVICES; i++) {
+    fab_endpoint* ep = atomic_exchange(&ctx->eps[i], NULL);
+    fab_endpoint_destroy(ep);
+  }
+  fab_obj_remove(ctx->handle, FAB_OBJ_CTX);
+  fab_list_del(&ctx->node);
+  free(ctx);
+}
+
+static void engine_down(void) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &fab_g.ctxs) ctx_destroy(FAB_CONTAINER_OF(it, fab_ctx, node));
+  fab_devices_release();
+  fab_cuda_fini();
+  fab_obj_reset();
+  fab_g.up = 0;
+  fab_g.ninit = 0;
+  fab_g.process = NULL;
+  fab_g.cuda_ok = 0;
+  FAB_INFO(FAB_SUBSYS_INIT, "engine down");
+  fab_log_set_logger(NULL);
+}
+
+static fab_ctx* ctx_create(uint64_t comm_id, const fab_comm_config* config, int is_process) {
+  fab_ctx* ctx = calloc(1, sizeof(*ctx));
+  if (!ctx) return NULL;
+  ctx->comm_id = comm_id;
+  ctx->is_process = is_process;
+  ctx->config.traffic_class = config ? config->traffic_class : -1;
+  ctx->handle = fab_obj_add(FAB_OBJ_CTX, ctx);
+  if (!ctx->handle) {
+    free(ctx);
+    return NULL;
+  }
+  fab_list_push(&fab_g.ctxs, &ctx->node);
+  return ctx;
+}
+
+fab_result fab_init(fab_ctx** ctx, uint64_t comm_id, const fab_comm_config* config, fab_logger_fn logger,
+                    fab_profiler_fn profiler) {
+  (void)profiler; /* no profiler events yet */
+  if (logger) fab_log_set_logger(logger);
+  if (!ctx) return fab_bad_argument("init", "ctx", 0, "a non-NULL pointer");
+  *ctx = NULL;
+  pthread_mutex_lock(&fab_g.lock);
+  fab_result rc = engine_up();
+  fab_ctx* c = rc == FAB_OK ? ctx_create(comm_id, config, 0) : NULL;
+  if (rc == FAB_OK && !c) {
+    FAB_WARN("init: out of memory creating a context");
+    if (fab_g.ninit == 0 && !fab_g.process) engine_down();
+    rc = FAB_ERR_SYSTEM;
+  }
+  if (c) {
+    fab_g.ninit++;
+    *ctx = c->handle;
+  }
+  pthread_mutex_unlock(&fab_g.lock);
+  return rc;
+}
+
+fab_result fab_init_process(fab_logger_fn logger, fab_profiler_fn profiler) {
+  (void)profiler;
+  if (logger) fab_log_set_logger(logger);
+  pthread_mutex_lock(&fab_g.lock);
+  fab_result rc = engine_up();
+  if (rc == FAB_OK && !fab_g.process) {
+    fab_g.process = ctx_create(0, NULL, 1);
+    if (!fab_g.process) {
+      FAB_WARN("init: out of memory creating the process context");
+      if (fab_g.ninit == 0) engine_down();
+      rc = FAB_ERR_SYSTEM;
+    }
+  }
+  pthread_mutex_unlock(&fab_g.lock);
+  return rc;
+}
+
+fab_result fab_finalize(fab_ctx* handle) {
+  pthread_mutex_lock(&fab_g.lock);
+  fab_ctx* ctx = fab_obj_get(handle, FAB_OBJ_CTX);
+  if (!ctx || ctx->is_process) {
+    pthread_mutex_unlock(&fab_g.lock);
+    FAB_WARN("finalize: %p is not a live context from init (already finalized?)", (void*)handle);
+    return FAB_ERR_INTERNAL;
+  }
+  ctx_destroy(ctx);
+  if (--fab_g.ninit == 0 && !fab_g.process) engine_down();
+  pthread_mutex_unlock(&fab_g.lock);
+  return FAB_OK;
+}
+
+__attribute__((destructor)) static void fab_unload(void) {
+  pthread_mutex_lock(&fab_g.lock);
+  if (fab_g.up) engine_down();
+  pthread_mutex_unlock(&fab_g.lock);
+}
+
+/* --- lookups used by the other entry points --------------------------------- */
+
+fab_ctx* fab_ctx_resolve(fab_ctx* handle, const char* fn) {
+  pthread_mutex_lock(&fab_g.lock);
+  fab_ctx* ctx = handle ? fab_obj_get(handle, FAB_OBJ_CTX) : fab_g.process;
+  pthread_mutex_unlock(&fab_g.lock);
+  if (!ctx) {
+    FAB_WARN("%s: %s", fn, handle ? "unknown or finalized context" : "no process context: call init first");
+  }
+  return ctx;
+}
+
+fab_device* fab_device_get(int dev, const char* fn) {
+  int n = atomic_load(&fab_g.ndevs);
+  if (!fab_g.up || n == 0) {
+    FAB_WARN("%s: the plugin is not initialized (call init first)", fn);
+    return NULL;
+  }
+  if (dev < 0 || dev >= n) {
+    fab_bad_argument(fn, "dev", dev, n == 1 ? "0 (one device)" : "a device index below devices()");
+    return NULL;
+  }
+  return fab_g.devs[dev];
+}
+
+fab_result fab_endpoint_get(fab_ctx* ctx, fab_device* dev, fab_endpoint** out) {
+  int idx = dev->carrier;
+  fab_endpoint* ep = atomic_load_explicit(&ctx->eps[idx], memory_order_acquire);
+  if (FAB_LIKELY(ep != NULL)) {
+    *out = ep;
+    return FAB_OK;
+  }
+  pthread_mutex_lock(&fab_g.lock);
+  fab_result rc = FAB_OK;
+  ep = atomic_load(&ctx->eps[idx]);
+  if (!ep) {
+    fab_device* phys = fab_g.devs[idx];
+    rc = fab_domain_open(phys);
+    if (rc == FAB_OK) rc = fab_endpoint_create(ctx, phys, &ep);
+    if (rc == FAB_OK) atomic_store_explicit(&ctx->eps[idx], ep, memory_order_release);
+  }
+  pthread_mutex_unlock(&fab_g.lock);
+  *out = ep;
+  return rc;
+}
+
+/* --- devices -------------------------------------------------------------------- */
+
+fab_result fab_devices(int* ndev) {
+  if (!ndev) return fab_bad_argument("devices", "ndev", 0, "a non-NULL pointer");
+  *ndev = 0;
+  if (!fab_g.up) {
+    FAB_WARN("devices: the plugin is not initialized (call init first)");
+    return FAB_ERR_INTERNAL;
+  }
+  *ndev = atomic_load(&fab_g.ndevs);
+  return FAB_OK;
+}
+
+fab_result fab_get_properties(int dev, fab_properties* props) {
+  if (!props) return fab_bad_argument("getProperties", "props", 0, "a non-NULL pointer");
+  fab_device* d = fab_device_get(dev, "getProperties");
+  if (!d) return FAB_ERR_INTERNAL;
+  *props = d->props;
+  return FAB_OK;
+}
+
+fab_result fab_make_vdevice(int* dev, const fab_vdevice_props* props) {
+  if (!dev || !props) return fab_bad_argument("makeVDevice", dev ? "props" : "d", 0, "a non-NULL pointer");
+  pthread_mutex_lock(&fab_g.lock);
+  fab_result rc;
+  if (!fab_g.up) {
+    FAB_WARN("makeVDevice: the plugin is not initialized (call init first)");
+    rc = FAB_ERR_INTERNAL;
+  } else {
+    rc = fab_vdevice_create(props, dev);
+  }
+  pthread_mutex_unlock(&fab_g.lock);
+  return rc;
+}
+
+fab_result fab_set_net_attr(fab_ctx* handle, const fab_net_attr* attr) {
+  if (!attr) return fab_bad_argument("setNetAttr", "netAttr", 0, "a non-NULL pointer");
+  fab_ctx* ctx = fab_ctx_resolve(handle, "setNetAttr");
+  if (!ctx) return FAB_ERR_INTERNAL;
+  ctx->net_attr = *attr; /* a hint; the sendrecv transport has no use for it yet */
+  return FAB_OK;
+}

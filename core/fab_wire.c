@@ -1,0 +1,156 @@
+#include "fab_wire.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "fab_util.h"
+
+#define WHY(...) (why ? (void)snprintf(why, why_len, __VA_ARGS__) : (void)0)
+
+/* The checksum covers the whole structure with the checksum field zeroed. */
+#define SEAL(m)                      \
+  do {                               \
+    (m)->checksum = 0;               \
+    (m)->checksum = fab_crc32c((m), sizeof(*(m))); \
+  } while (0)
+
+static int check_sum(void* copy, uint32_t* field, size_t size) {
+  uint32_t got = *field;
+  *field = 0;
+  uint32_t want = fab_crc32c(copy, size);
+  *field = got;
+  return got == want ? 0 : -1;
+}
+
+int fab_wire_handle_encode(void* buf, uint64_t listen_id, uint32_t prov_hash, const void* addr, size_t addr_len) {
+  if (addr_len == 0 || addr_len > FAB_ADDR_MAX) return -1;
+  fab_wire_handle h;
+  memset(&h, 0, sizeof(h));
+  h.magic = FAB_HANDLE_MAGIC;
+  h.version = FAB_WIRE_VERSION;
+  h.addr_len = (uint16_t)addr_len;
+  h.listen_id = listen_id;
+  h.prov_hash = prov_hash;
+  memcpy(h.addr, addr, addr_len);
+  SEAL(&h);
+  memcpy(buf, &h, sizeof(h));
+  return 0;
+}
+
+int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, size_t why_len) {
+  fab_wire_handle h;
+  memcpy(&h, buf, sizeof(h));
+  if (h.magic != FAB_HANDLE_MAGIC) {
+    WHY("bad magic 0x%08x (not a handle written by this plugin's listen)", h.magic);
+    return -1;
+  }
+  if (h.version != FAB_WIRE_VERSION) {
+    WHY("protocol version %u, this build speaks %u (mixed plugin versions?)", h.version, FAB_WIRE_VERSION);
+    return -1;
+  }
+  if (check_sum(&h, &h.checksum, sizeof(h)) != 0) {
+    WHY("checksum mismatch (the handle bytes were corrupted in transit)");
+    return -1;
+  }
+  if (h.addr_len == 0 || h.addr_len > FAB_ADDR_MAX) {
+    WHY("address length %u out of range 1..%d", h.addr_len, FAB_ADDR_MAX);
+    return -1;
+  }
+  if (!h.listen_id) {
+    WHY("listen id is 0");
+    return -1;
+  }
+  *out = h;
+  return 0;
+}
+
+void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t connector_id, const void* addr,
+                             size_t addr_len) {
+  memset(m, 0, sizeof(*m));
+  m->magic = FAB_CONNECT_MAGIC;
+  m->version = FAB_WIRE_VERSION;
+  m->addr_len = (uint16_t)(addr_len <= FAB_ADDR_MAX ? addr_len : 0);
+  m->listen_id = listen_id;
+  m->connector_id = connector_id;
+  memcpy(m->addr, addr, m->addr_len);
+  SEAL(m);
+}
+
+int fab_wire_connect_decode(const void* buf, size_t len, fab_wire_connect* out, char* why, size_t why_len) {
+  if (len != sizeof(fab_wire_connect)) {
+    WHY("connect request of %zu bytes, expected %zu", len, sizeof(fab_wire_connect));
+    return -1;
+  }
+  fab_wire_connect m;
+  memcpy(&m, buf, sizeof(m));
+  if (m.magic != FAB_CONNECT_MAGIC || m.version != FAB_WIRE_VERSION) {
+    WHY("connect request with magic 0x%08x version %u", m.magic, m.version);
+    return -1;
+  }
+  if (check_sum(&m, &m.checksum, sizeof(m)) != 0) {
+    WHY("connect request checksum mismatch");
+    return -1;
+  }
+  if (m.addr_len == 0 || m.addr_len > FAB_ADDR_MAX) {
+    WHY("connect request address length %u", m.addr_len);
+    return -1;
+  }
+  *out = m;
+  return 0;
+}
+
+void fab_wire_accept_encode(fab_wire_accept* m, uint16_t status, uint64_t listen_id, uint32_t connector_id,
+                            uint32_t conn_id) {
+  memset(m, 0, sizeof(*m));
+  m->magic = FAB_ACCEPT_MAGIC;
+  m->version = FAB_WIRE_VERSION;
+  m->status = status;
+  m->listen_id = listen_id;
+  m->connector_id = connector_id;
+  m->conn_id = conn_id;
+  SEAL(m);
+}
+
+int fab_wire_accept_decode(const void* buf, size_t len, fab_wire_accept* out, char* why, size_t why_len) {
+  if (len != sizeof(fab_wire_accept)) {
+    WHY("answer of %zu bytes, expected %zu", len, sizeof(fab_wire_accept));
+    return -1;
+  }
+  fab_wire_accept m;
+  memcpy(&m, buf, sizeof(m));
+  if (m.magic != FAB_ACCEPT_MAGIC || m.version != FAB_WIRE_VERSION) {
+    WHY("answer with magic 0x%08x version %u", m.magic, m.version);
+    return -1;
+  }
+  if (check_sum(&m, &m.checksum, sizeof(m)) != 0) {
+    WHY("answer checksum mismatch");
+    return -1;
+  }
+  if (m.status == FAB_ACCEPT_OK && m.conn_id == 0) {
+    WHY("answer assigns connection id 0");
+    return -1;
+  }
+  *out = m;
+  return 0;
+}
+
+const char* fab_wire_status_str(unsigned status) {
+  switch (status) {
+    case FAB_ACCEPT_OK: return "accepted";
+    case FAB_ACCEPT_NO_LISTENER: return "no such listener (closed, or the handle belongs to another process)";
+    case FAB_ACCEPT_BAD_ADDRESS: return "the listener could not use the connector's address";
+    default: return "unknown status";
+  }
+}
+
+int fab_tag_layout_init(fab_tag_layout* t, uint64_t mem_tag_format) {
+  int bits = mem_tag_format ? 64 - __builtin_clzll(mem_tag_format) : 64;
+  if (bits < 34 + FAB_TAG_MIN_CONN_BITS) return -1;
+  int conn_bits = bits - 34;
+  if (conn_bits > 30) conn_bits = 30;
+  t->bits = bits;
+  t->ctrl = 1ULL << (bits - 1);
+  t->answer = 1ULL << (bits - 2);
+  t->conn_max = (uint32_t)((1ULL << conn_bits) - 1);
+  return 0;
+}

@@ -1,0 +1,112 @@
+/*
+ * Everything that crosses process boundaries: the 128-byte connection handle
+ * NCCL carries from the listener to the connector, the two handshake
+ * messages, and the 64-bit tag layout. Every field read from a peer is
+ * validated here (magic, version, lengths, checksum) before anyone uses it.
+ *
+ * Byte order is the host's: both ends run the same build on little-endian
+ * hosts (x86-64, aarch64).
+ */
+#ifndef FAB_WIRE_H
+#define FAB_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fab_core.h"
+
+enum {
+  FAB_WIRE_VERSION = 1,
+  FAB_ADDR_MAX = 104, /* endpoint address bytes that fit in the handle */
+};
+
+#define FAB_HANDLE_MAGIC 0x48424146u  /* "FABH" */
+#define FAB_CONNECT_MAGIC 0x51424146u /* "FABQ" */
+#define FAB_ACCEPT_MAGIC 0x52424146u  /* "FABR" */
+
+/* The listen handle (exactly FAB_HANDLE_SIZE bytes). */
+typedef struct fab_wire_handle {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addr_len;  /* bytes of addr in use; the rest is zero */
+  uint64_t listen_id; /* random; names the listen comm on its endpoint */
+  uint32_t prov_hash; /* provider identity: catches a tcp handle given to shm */
+  uint32_t checksum;  /* CRC-32C of the whole handle with this field zero */
+  uint8_t addr[FAB_ADDR_MAX];
+} fab_wire_handle;
+
+/* Connect request, connector -> listener, tag fab_tag_connect(). */
+typedef struct fab_wire_connect {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t addr_len;
+  uint64_t listen_id;    /* from the handle */
+  uint32_t connector_id; /* where the answer goes: tag fab_tag_accept(connector_id) */
+  uint32_t checksum;
+  uint8_t addr[FAB_ADDR_MAX]; /* the connector's endpoint address */
+} fab_wire_connect;
+
+enum { FAB_ACCEPT_OK = 0, FAB_ACCEPT_NO_LISTENER = 1, FAB_ACCEPT_BAD_ADDRESS = 2 };
+
+/* Answer, listener -> connector. */
+typedef struct fab_wire_accept {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t status; /* FAB_ACCEPT_* */
+  uint64_t listen_id;
+  uint32_t connector_id;
+  uint32_t conn_id; /* receiver-assigned connection id: the tag prefix of the data */
+  uint32_t checksum;
+  uint32_t reserved;
+} fab_wire_accept;
+
+_Static_assert(sizeof(fab_wire_handle) == FAB_HANDLE_SIZE, "handle must be exactly 128 bytes");
+_Static_assert(sizeof(fab_wire_connect) == 128, "connect message layout");
+_Static_assert(sizeof(fab_wire_accept) == 32, "accept message layout");
+
+/* Writes a handle. Returns -1 when addr_len does not fit. */
+int fab_wire_handle_encode(void* buf, uint64_t listen_id, uint32_t prov_hash, const void* addr, size_t addr_len);
+/* Validates len bytes received or handed over; on failure writes the reason
+ * (for the WARN) and returns -1. */
+int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, size_t why_len);
+
+void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t connector_id, const void* addr,
+                             size_t addr_len);
+int fab_wire_connect_decode(const void* buf, size_t len, fab_wire_connect* out, char* why, size_t why_len);
+
+void fab_wire_accept_encode(fab_wire_accept* m, uint16_t status, uint64_t listen_id, uint32_t connector_id,
+                            uint32_t conn_id);
+int fab_wire_accept_decode(const void* buf, size_t len, fab_wire_accept* out, char* why, size_t why_len);
+
+const char* fab_wire_status_str(unsigned status);
+
+/* --- tags ------------------------------------------------------------------
+ * 64-bit tag, high to low, for a provider with B usable tag bits:
+ *   bit B-1        control (handshake) message
+ *   bit B-2        (control only) the message is an answer
+ *   bits 32..B-3   (data) connection id assigned by the receiver, >= 1
+ *   bits 0..31     (data) NCCL's tag; (answer) the connector id
+ * A data tag never has the control bit, and its connection id is never 0, so
+ * data and handshake traffic cannot match each other. */
+typedef struct fab_tag_layout {
+  int bits;          /* usable tag bits B */
+  uint64_t ctrl;     /* 1 << (B-1) */
+  uint64_t answer;   /* 1 << (B-2) */
+  uint32_t conn_max; /* largest connection id: 2^(B-34) - 1 */
+} fab_tag_layout;
+
+enum { FAB_TAG_MIN_CONN_BITS = 8 };
+
+/* Fills the layout from the provider's mem_tag_format; -1 when it has fewer
+ * than 34 + FAB_TAG_MIN_CONN_BITS usable bits. */
+int fab_tag_layout_init(fab_tag_layout* t, uint64_t mem_tag_format);
+
+static inline uint64_t fab_tag_data(uint32_t conn_id, int tag) {
+  return ((uint64_t)conn_id << 32) | (uint32_t)tag;
+}
+static inline uint64_t fab_tag_connect(const fab_tag_layout* t) { return t->ctrl; }
+static inline uint64_t fab_tag_accept(const fab_tag_layout* t, uint32_t connector_id) {
+  return t->ctrl | t->answer | connector_id;
+}
+
+#endif /* FAB_WIRE_H */

@@ -1,0 +1,160 @@
+/*
+ * Loads the built plugin the way NCCL does (dlopen RTLD_NOW | RTLD_LOCAL,
+ * dlsym "ncclNetPlugin_vN") and walks every table it exports: which symbols
+ * exist, every slot against what the spec says it must hold, the name string,
+ * and the generated driver bound on top. Needs no network: nothing is
+ * initialized. The library comes from FABRIC_TEST_PLUGIN, the versions it
+ * must export from FABRIC_EXPECTED_NET_VERSIONS (set by the build).
+ */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_drivers.h"
+
+static void* lib;
+
+static void open_plugin(void) {
+  const char* path = getenv("FABRIC_TEST_PLUGIN");
+  cr_assert(path != NULL && *path, "FABRIC_TEST_PLUGIN must name the plugin library");
+  lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  cr_assert(lib != NULL, "dlopen(%s): %s", path, dlerror());
+}
+
+static int expected(int version) {
+  char list[256];
+  snprintf(list, sizeof list, ",%s,", FABRIC_EXPECTED_NET_VERSIONS);
+  char item[16];
+  snprintf(item, sizeof item, ",%d,", version);
+  return strstr(list, item) != NULL;
+}
+
+static int has_slot(const struct fab_driver_info* d, const char* name) {
+  for (int i = 0; i < d->nslots; i++)
+    if (strcmp(d->slots[i].name, name) == 0) return 1;
+  return 0;
+}
+
+/* No dlclose: each test is its own process, and unloading libfabric makes
+ * LeakSanitizer report what its provider libraries (psm2, ibverbs) allocate
+ * in their constructors. Unload/reload belongs to the core's tests. */
+TestSuite(abi_loader, .init = open_plugin);
+
+Test(abi_loader, exports_exactly_the_configured_tables) {
+  int found = 0;
+  for (int i = 0; i < fab_driver_count; i++) {
+    const struct fab_driver_info* d = &fab_drivers[i];
+    void* table = dlsym(lib, d->symbol);
+    if (expected(d->version)) {
+      cr_expect(table != NULL, "%s is configured but not exported", d->symbol);
+      found++;
+    } else {
+      cr_expect_null(table, "%s is exported but not configured (" FABRIC_EXPECTED_NET_VERSIONS ")", d->symbol);
+    }
+  }
+  int wanted = 0;
+  for (int v = 0; v < 100; v++) wanted += expected(v);
+  cr_expect_eq(found, wanted, "every configured version needs a generated driver");
+
+  static const char* const never[] = {"ncclGinPlugin_v", "ncclRmaPlugin_v", "ncclCollNetPlugin_v"};
+  for (size_t f = 0; f < sizeof never / sizeof never[0]; f++)
+    for (int v = 1; v <= 20; v++) {
+      char sym[64];
+      snprintf(sym, sizeof sym, "%s%d", never[f], v);
+      cr_expect_null(dlsym(lib, sym), "%s must not be exported before its transport exists", sym);
+    }
+  cr_expect_null(dlsym(lib, "fab_init"), "core symbols stay local");
+  cr_expect_null(dlsym(lib, "fab_params_load"), "core symbols stay local");
+}
+
+Test(abi_loader, every_slot_holds_what_the_spec_says) {
+  for (int i = 0; i < fab_driver_count; i++) {
+    const struct fab_driver_info* d = &fab_drivers[i];
+    if (!expected(d->version)) continue;
+    void* const* slot = dlsym(lib, d->symbol);
+    cr_assert(slot != NULL, "%s", d->symbol);
+    for (int s = 0; s < d->nslots; s++) {
+      const struct fab_abi_slot* info = &d->slots[s];
+      void* value = slot[info->offset / sizeof(void*)];
+      switch (info->kind) {
+        case FAB_SLOT_NAME:
+          cr_expect(value != NULL && strcmp((const char*)value, d->plugin_name) == 0, "%s.name is \"%s\", want \"%s\"",
+                    d->symbol, value ? (const char*)value : "(null)", d->plugin_name);
+          cr_expect_str_eq(d->plugin_name, "Fabric");
+          break;
+        case FAB_SLOT_REQUIRED:
+        case FAB_SLOT_OPTIONAL:
+          cr_expect(value != NULL, "%s.%s must not be NULL", d->symbol, info->name);
+          break;
+        case FAB_SLOT_NULL:
+          cr_expect_null(value, "%s.%s must be NULL (a host plugin does not offload)", d->symbol, info->name);
+          break;
+      }
+    }
+  }
+}
+
+Test(abi_loader, drivers_bind_every_exported_table) {
+  for (int i = 0; i < fab_driver_count; i++) {
+    const struct fab_driver_info* d = &fab_drivers[i];
+    if (!expected(d->version)) continue;
+    void* table = dlsym(lib, d->symbol);
+    fab_api api;
+    cr_assert_eq(fab_driver_bind(d->symbol, table, &api), 0, "%s", d->symbol);
+    cr_expect_eq(api.version, d->version);
+    cr_expect_str_eq(api.name, "Fabric");
+    cr_expect_eq(api.max_handle_size, 128);
+    cr_expect(api.init && api.finalize && api.devices && api.get_properties && api.listen && api.connect &&
+                  api.accept && api.close_send && api.close_recv && api.close_listen && api.reg_mr &&
+                  api.reg_mr_dmabuf && api.dereg_mr && api.isend && api.irecv && api.iflush && api.test,
+              "%s: a required fab_api member is NULL", d->symbol);
+    cr_expect_eq(api.make_vdevice != NULL, has_slot(d, "makeVDevice"), "%s: make_vdevice", d->symbol);
+    cr_expect_eq(api.set_net_attr != NULL, has_slot(d, "setNetAttr"), "%s: set_net_attr", d->symbol);
+  }
+  fab_api api;
+  cr_expect_eq(fab_driver_bind("ncclNetPlugin_v1", lib, &api), -1, "unknown symbols are refused");
+}
+
+/*
+ * Range checks happen in the shim, before the core sees anything: a value
+ * that the version's type can carry but the core cannot take is refused with
+ * ncclInternalError, never truncated. Comms are NULL because the shim must
+ * not get as far as using them.
+ */
+#include "fab_abi_all.h"
+
+Test(abi_loader, shims_reject_what_does_not_fit) {
+  void* mh = NULL;
+  void* req = NULL;
+  char buf[16];
+  void* data[FAB_MAX_RECVS + 1] = {buf};
+  int tags[FAB_MAX_RECVS + 1] = {0};
+  if (expected(6)) {
+    ncclNet_v6_t* v6 = dlsym(lib, "ncclNetPlugin_v6");
+    int sizes[FAB_MAX_RECVS + 1] = {-1};
+    cr_expect_eq(v6->regMr(NULL, buf, -1, NCCL_PTR_HOST, &mh), ncclInternalError, "v6 regMr: negative size");
+    cr_expect_eq(v6->isend(NULL, buf, -1, 0, NULL, &req), ncclInternalError, "v6 isend: negative size");
+    cr_expect_eq(v6->irecv(NULL, 1, data, sizes, tags, NULL, &req), ncclInternalError, "v6 irecv: negative size");
+    sizes[0] = 16;
+    cr_expect_eq(v6->irecv(NULL, FAB_MAX_RECVS + 1, data, sizes, tags, NULL, &req), ncclInternalError,
+                 "v6 irecv: n above FAB_MAX_RECVS");
+    cr_expect_eq(v6->irecv(NULL, -1, data, sizes, tags, NULL, &req), ncclInternalError, "v6 irecv: negative n");
+  }
+  if (expected(9)) {
+    ncclNet_v9_t* v9 = dlsym(lib, "ncclNetPlugin_v9");
+    ncclNetVDeviceProps_v9_t props = {.ndevs = 5};
+    int dev = -1;
+    cr_expect_eq(v9->makeVDevice(&dev, &props), ncclInternalError, "v9 makeVDevice: 5 devices in devs[4]");
+    props.ndevs = -1;
+    cr_expect_eq(v9->makeVDevice(&dev, &props), ncclInternalError, "v9 makeVDevice: negative ndevs");
+  }
+  if (expected(12)) {
+    ncclNet_v12_t* v12 = dlsym(lib, "ncclNetPlugin_v12");
+    ncclNetVDeviceProps_v12_t props = {.ndevs = 9};
+    int dev = -1;
+    cr_expect_eq(v12->makeVDevice(&dev, &props), ncclInternalError, "v12 makeVDevice: 9 devices in devs[8]");
+    cr_expect_eq(v12->getProperties(0, NULL), ncclInternalError, "v12 getProperties: NULL props");
+  }
+}

@@ -1,0 +1,177 @@
+/*
+ * netbench plugin transport: dlopens any NCCL net plugin library, picks a
+ * ncclNetPlugin_vN table and drives it through the generated driver for that
+ * version, which fills a fab_api (core/fab_api.h) by calling through the
+ * table exactly as NCCL would (int sizes for v6-v8, the v10 connect config,
+ * the v11+ per-communicator init, ...). Nothing here knows a version.
+ */
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_api.h"
+#include "fab_drivers.h"
+#include "nb.h"
+
+typedef struct {
+  void* lib;
+  fab_api api;
+  fab_ctx* ctx;
+  int dev;
+  int verbose;
+} plug_state;
+
+static int plugin_verbose;
+
+static void plug_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+  if (level > FAB_LOG_WARN && !(plugin_verbose && level == FAB_LOG_INFO)) return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "netbench[rank %d] plugin %s: %s\n", nb_rank, level == FAB_LOG_WARN ? "WARN" : "INFO", msg);
+}
+
+unsigned nb_plugin_versions_in_lib(const char* path) {
+  void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return 0;
+  unsigned mask = 0;
+  for (int v = 1; v < 32; v++) {
+    char sym[64];
+    snprintf(sym, sizeof(sym), "ncclNetPlugin_v%d", v);
+    if (dlsym(lib, sym)) mask |= 1u << v;
+  }
+  dlclose(lib);
+  return mask;
+}
+
+#define P(x) ((plug_state*)(x)->priv)
+
+static int p_listen(nb_xport* x, void* handle, void** lcomm) {
+  return P(x)->api.listen(P(x)->ctx, P(x)->dev, handle, lcomm);
+}
+
+static int p_connect(nb_xport* x, void* handle, void** scomm) {
+  void* dh = NULL;
+  return P(x)->api.connect(P(x)->ctx, P(x)->dev, NULL, handle, scomm, &dh);
+}
+
+static int p_accept(nb_xport* x, void* lcomm, void** rcomm) {
+  void* dh = NULL;
+  return P(x)->api.accept(lcomm, rcomm, &dh);
+}
+
+static int p_close_send(nb_xport* x, void* c) { return P(x)->api.close_send(c); }
+static int p_close_recv(nb_xport* x, void* c) { return P(x)->api.close_recv(c); }
+static int p_close_listen(nb_xport* x, void* c) { return P(x)->api.close_listen(c); }
+
+static int p_reg_mr(nb_xport* x, void* comm, void* buf, size_t size, void** mh) {
+  return P(x)->api.reg_mr(comm, buf, size, FAB_PTR_HOST, mh);
+}
+
+static int p_dereg_mr(nb_xport* x, void* comm, void* mh) { return P(x)->api.dereg_mr(comm, mh); }
+
+static int p_isend(nb_xport* x, void* scomm, void* buf, size_t size, int tag, void* mh, void** req) {
+  *req = NULL;
+  return P(x)->api.isend(scomm, buf, size, tag, mh, NULL, req);
+}
+
+static int p_irecv(nb_xport* x, void* rcomm, void* buf, size_t size, int tag, void* mh, void** req) {
+  void* data[1] = {buf};
+  size_t sizes[1] = {size};
+  int tags[1] = {tag};
+  void* mhs[1] = {mh};
+  void* ph[1] = {NULL};
+  *req = NULL;
+  return P(x)->api.irecv(rcomm, 1, data, sizes, tags, mhs, ph, req);
+}
+
+static int p_test(nb_xport* x, void* req, int* done, int* size) {
+  int sizes[FAB_MAX_RECVS];
+  int rc = P(x)->api.test(req, done, sizes);
+  if (!rc && *done && size) *size = sizes[0];
+  return rc;
+}
+
+static void p_fini(nb_xport* x) {
+  plug_state* p = P(x);
+  if (!p) return;
+  if (p->api.finalize) p->api.finalize(p->ctx);
+  /* The library stays loaded: a v<=10 plugin is never finalized by NCCL and
+   * may keep process-wide state; unloading is not what we measure. */
+  free(p);
+  x->priv = NULL;
+}
+
+static const nb_ops plugin_ops = {
+    .name = "plugin",
+    .listen = p_listen,
+    .connect = p_connect,
+    .accept = p_accept,
+    .close_send = p_close_send,
+    .close_recv = p_close_recv,
+    .close_listen = p_close_listen,
+    .reg_mr = p_reg_mr,
+    .dereg_mr = p_dereg_mr,
+    .isend = p_isend,
+    .irecv = p_irecv,
+    .test = p_test,
+    .fini = p_fini,
+};
+
+int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
+  plug_state* p = calloc(1, sizeof(*p));
+  plugin_verbose = o->verbose;
+  p->dev = o->dev;
+  p->lib = dlopen(o->plugin, RTLD_NOW | RTLD_LOCAL);
+  if (!p->lib) nb_die("cannot load plugin library %s: %s", o->plugin, dlerror());
+  /* Newest version both the library exports and a driver exists for,
+   * unless one is asked for. fab_driver_bind refuses versions it has no
+   * driver for. */
+  unsigned lib = nb_plugin_versions_in_lib(o->plugin), refused = 0;
+  char sym[64] = "";
+  int bound = 0;
+  for (int v = 31; v > 0 && !bound; v--) {
+    if (!(lib & (1u << v)) || (o->version && v != o->version)) continue;
+    snprintf(sym, sizeof(sym), "ncclNetPlugin_v%d", v);
+    void* table = dlsym(p->lib, sym);
+    memset(&p->api, 0, sizeof(p->api));
+    if (table && fab_driver_bind(sym, table, &p->api) == 0)
+      bound = v;
+    else
+      refused |= 1u << v;
+  }
+  if (!bound) {
+    char have[128] = "", no[128] = "";
+    for (int v = 1; v < 32; v++) {
+      if (lib & (1u << v)) snprintf(have + strlen(have), sizeof(have) - strlen(have), " v%d", v);
+      if (refused & (1u << v)) snprintf(no + strlen(no), sizeof(no) - strlen(no), " v%d", v);
+    }
+    if (o->version)
+      nb_die("%s exports ncclNetPlugin_{%s }; --version %d is %s", o->plugin, have, o->version,
+             (lib & (1u << o->version)) ? "not one netbench has a driver for" : "not among them");
+    nb_die("%s exports ncclNetPlugin_{%s } and netbench has a driver for none of them (refused:%s)", o->plugin, have,
+           no);
+  }
+  if (p->api.version != bound) nb_die("driver for %s reports version %d", sym, p->api.version);
+  fab_comm_config conf = {.traffic_class = -1};
+  int rc = p->api.init(&p->ctx, 0x6e6574626e63ull, &conf, plug_logger, NULL);
+  if (rc) nb_die("plugin %s: init failed (%d)", o->plugin, rc);
+  int ndev = 0;
+  if (p->api.devices(&ndev) || ndev <= 0) nb_die("plugin %s: no devices", o->plugin);
+  if (p->dev >= ndev) nb_die("plugin %s: --dev %d but only %d devices", o->plugin, p->dev, ndev);
+  fab_properties props;
+  memset(&props, 0, sizeof(props));
+  if (p->api.get_properties(p->dev, &props)) nb_die("plugin: getProperties(%d) failed", p->dev);
+  x->ops = &plugin_ops;
+  x->priv = p;
+  snprintf(x->desc, sizeof(x->desc),
+           "plugin %s, %s (name \"%s\"), %d dev(s), dev %d \"%s\" speed %d Mbps, regIsGlobal %d, maxRecvs %d, "
+           "maxComms %d",
+           o->plugin, sym, p->api.name ? p->api.name : "?", ndev, p->dev, props.name ? props.name : "?",
+           props.speed_mbps, props.reg_is_global, props.max_recvs, props.max_comms);
+  return 0;
+}

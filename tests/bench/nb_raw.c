@@ -1,0 +1,380 @@
+/*
+ * netbench raw transport: plain libfabric, the floor for any plugin.
+ *
+ * One RDM endpoint, one tagged CQ (busy-polled with fi_cq_read), one AV table,
+ * the same fi_getinfo hints as the plugin asks for. A "comm" is only a tag
+ * range: listen hands out the endpoint name and a comm id, connect inserts
+ * the peer into the AV (once per peer) and sends a 0-byte handshake, accept
+ * waits for it. Data ops are fi_tsend/fi_trecv; like the plugin, they pass a
+ * memory descriptor only when the provider asks for FI_MR_LOCAL (regMr always
+ * calls fi_mr_reg, so the MR test times raw registration). Requests are a
+ * fixed pool of fi_context2-headed structs. This is the least a plugin must
+ * do, so plugin/raw isolates what the plugin adds.
+ */
+#include "nb.h"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RAW_MAGIC 0x4e425257u /* "NBRW" */
+#define RAW_NREQ 8192
+#define RAW_CQ_BATCH 16
+#define TAG_HANDSHAKE (1ull << 62)
+
+typedef struct raw_req {
+  struct fi_context2 ctx; /* must be first: the provider owns it while posted */
+  int done;
+  int size;
+  int in_use;
+  struct raw_req* next_free;
+} raw_req;
+
+typedef struct {
+  struct fi_info* info;
+  struct fid_fabric* fabric;
+  struct fid_domain* domain;
+  struct fid_ep* ep;
+  struct fid_cq* cq;
+  struct fid_av* av;
+  int mr_local, mr_endpoint, prov_key, rma;
+  uint64_t next_key;
+  uint32_t next_comm;
+  /* AV cache: the last few peer names inserted. */
+  struct { char name[96]; size_t len; fi_addr_t addr; } peers[8];
+  int npeers;
+  raw_req* reqs;
+  raw_req* free_list;
+} raw_state;
+
+typedef struct {
+  uint32_t magic, comm_id, namelen, pad;
+  char name[NB_HANDLE_SIZE - 16];
+} raw_handle;
+
+typedef struct {
+  uint64_t tag_base;
+  fi_addr_t peer;
+  raw_req* hs; /* pending handshake during connect/accept */
+  int ready;
+} raw_comm;
+
+typedef struct {
+  uint32_t comm_id;
+  raw_comm* pending;
+} raw_lcomm;
+
+static void raw_check(int rc, const char* what) {
+  if (rc) nb_die("raw: %s failed: %d (%s)", what, rc, fi_strerror(-rc));
+}
+
+static raw_req* req_get(raw_state* r) {
+  raw_req* q = r->free_list;
+  if (!q) nb_die("raw: out of requests (%d in flight)", RAW_NREQ);
+  r->free_list = q->next_free;
+  q->done = 0;
+  q->size = 0;
+  q->in_use = 1;
+  return q;
+}
+
+static void req_put(raw_state* r, raw_req* q) {
+  q->in_use = 0;
+  q->next_free = r->free_list;
+  r->free_list = q;
+}
+
+static void raw_progress(raw_state* r) {
+  struct fi_cq_tagged_entry e[RAW_CQ_BATCH];
+  ssize_t n = fi_cq_read(r->cq, e, RAW_CQ_BATCH);
+  if (n > 0) {
+    for (ssize_t i = 0; i < n; i++) {
+      raw_req* q = e[i].op_context;
+      if (!q) continue;
+      if (e[i].flags & FI_RECV) q->size = (int)e[i].len;
+      q->done = 1;
+    }
+  } else if (n == -FI_EAVAIL) {
+    struct fi_cq_err_entry err;
+    memset(&err, 0, sizeof(err));
+    fi_cq_readerr(r->cq, &err, 0);
+    nb_die("raw: completion error %d (%s), prov_errno %d, len %zu", err.err, fi_strerror(err.err),
+           err.prov_errno, err.len);
+  } else if (n != -FI_EAGAIN) {
+    nb_die("raw: fi_cq_read: %zd (%s)", n, fi_strerror((int)-n));
+  }
+}
+
+/* The hints the plugin uses (kept in step with the core's provider setup). */
+static struct fi_info* raw_hints(const nb_xport_opts* o) {
+  struct fi_info* h = fi_allocinfo();
+  if (!h) nb_die("fi_allocinfo");
+  h->ep_attr->type = FI_EP_RDM;
+  if (o->raw_minimal_hints) {
+    h->caps = FI_TAGGED;
+    h->mode = FI_CONTEXT | FI_CONTEXT2;
+  } else {
+    h->caps = FI_TAGGED | FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    h->mode = FI_CONTEXT | FI_CONTEXT2;
+    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  }
+  h->domain_attr->threading = FI_THREAD_SAFE;
+  h->domain_attr->av_type = FI_AV_TABLE;
+  h->tx_attr->msg_order = FI_ORDER_SAS;
+  h->rx_attr->msg_order = FI_ORDER_SAS;
+  if (o->provider && *o->provider) h->fabric_attr->prov_name = strdup(o->provider);
+  return h;
+}
+
+static int r_listen(nb_xport* x, void* handle, void** lcomm) {
+  raw_state* r = x->priv;
+  raw_handle* h = handle;
+  memset(h, 0, sizeof(*h));
+  size_t len = sizeof(h->name);
+  raw_check(fi_getname(&r->ep->fid, h->name, &len), "fi_getname");
+  h->magic = RAW_MAGIC;
+  h->comm_id = ++r->next_comm;
+  h->namelen = (uint32_t)len;
+  raw_lcomm* l = calloc(1, sizeof(*l));
+  l->comm_id = h->comm_id;
+  *lcomm = l;
+  return 0;
+}
+
+static fi_addr_t raw_peer(raw_state* r, const raw_handle* h) {
+  for (int i = 0; i < r->npeers; i++)
+    if (r->peers[i].len == h->namelen && !memcmp(r->peers[i].name, h->name, h->namelen)) return r->peers[i].addr;
+  fi_addr_t a;
+  int n = fi_av_insert(r->av, h->name, 1, &a, 0, NULL);
+  if (n != 1) nb_die("raw: fi_av_insert: %d", n);
+  if (r->npeers < 8) {
+    memcpy(r->peers[r->npeers].name, h->name, h->namelen);
+    r->peers[r->npeers].len = h->namelen;
+    r->peers[r->npeers].addr = a;
+    r->npeers++;
+  }
+  return a;
+}
+
+static int r_connect(nb_xport* x, void* handle, void** scomm) {
+  raw_state* r = x->priv;
+  raw_handle* h = handle;
+  /* NCCL-style: the same handle buffer comes back until the comm is ready;
+   * the in-progress comm pointer is parked in the handle's pad area. */
+  raw_comm* c;
+  if (h->magic != RAW_MAGIC) nb_die("raw: bad handle");
+  memcpy(&c, h->name + sizeof(h->name) - sizeof(c), sizeof(c));
+  *scomm = NULL;
+  if (!c) {
+    c = calloc(1, sizeof(*c));
+    c->tag_base = (uint64_t)h->comm_id << 32;
+    c->peer = raw_peer(r, h);
+    c->hs = req_get(r);
+    ssize_t rc;
+    while ((rc = fi_tsend(r->ep, NULL, 0, NULL, c->peer, TAG_HANDSHAKE | c->tag_base, c->hs)) == -FI_EAGAIN)
+      raw_progress(r);
+    raw_check((int)rc, "fi_tsend(handshake)");
+    memcpy(h->name + sizeof(h->name) - sizeof(c), &c, sizeof(c));
+  }
+  raw_progress(r);
+  if (c->hs->done) {
+    req_put(r, c->hs);
+    c->hs = NULL;
+    c->ready = 1;
+    memset(h->name + sizeof(h->name) - sizeof(c), 0, sizeof(c));
+    *scomm = c;
+  }
+  return 0;
+}
+
+static int r_accept(nb_xport* x, void* lcomm, void** rcomm) {
+  raw_state* r = x->priv;
+  raw_lcomm* l = lcomm;
+  raw_comm* c = l->pending; /* one accept per listen, as in NCCL */
+  *rcomm = NULL;
+  if (!c) {
+    c = l->pending = calloc(1, sizeof(*c));
+    c->tag_base = (uint64_t)l->comm_id << 32;
+    c->peer = FI_ADDR_UNSPEC;
+    c->hs = req_get(r);
+    ssize_t rc;
+    while ((rc = fi_trecv(r->ep, NULL, 0, NULL, FI_ADDR_UNSPEC, TAG_HANDSHAKE | c->tag_base, 0, c->hs)) ==
+           -FI_EAGAIN)
+      raw_progress(r);
+    raw_check((int)rc, "fi_trecv(handshake)");
+  }
+  raw_progress(r);
+  if (c->hs->done) {
+    req_put(r, c->hs);
+    c->hs = NULL;
+    c->ready = 1;
+    l->pending = NULL;
+    *rcomm = c;
+  }
+  return 0;
+}
+
+static int r_close_comm(nb_xport* x, void* comm) {
+  free(comm);
+  return 0;
+}
+
+static int r_close_listen(nb_xport* x, void* lcomm) {
+  free(lcomm);
+  return 0;
+}
+
+static int r_reg_mr(nb_xport* x, void* comm, void* buf, size_t size, void** mh) {
+  raw_state* r = x->priv;
+  struct fid_mr* mr;
+  uint64_t access = FI_SEND | FI_RECV;
+  if (r->rma) access |= FI_REMOTE_WRITE | FI_REMOTE_READ | FI_WRITE | FI_READ;
+  int rc = fi_mr_reg(r->domain, buf, size, access, 0, r->prov_key ? 0 : ++r->next_key, 0, &mr, NULL);
+  raw_check(rc, "fi_mr_reg");
+  if (r->mr_endpoint) {
+    raw_check(fi_mr_bind(mr, &r->ep->fid, 0), "fi_mr_bind");
+    raw_check(fi_mr_enable(mr), "fi_mr_enable");
+  }
+  *mh = mr;
+  return 0;
+}
+
+static int r_dereg_mr(nb_xport* x, void* comm, void* mh) {
+  return fi_close(&((struct fid_mr*)mh)->fid);
+}
+
+int nb_raw_mr_cost(nb_xport* x, void* buf, size_t size, uint64_t* reg_ns, uint64_t* dereg_ns) {
+  void* mh;
+  uint64_t t0 = nb_now_ns();
+  r_reg_mr(x, NULL, buf, size, &mh);
+  uint64_t t1 = nb_now_ns();
+  r_dereg_mr(x, NULL, mh);
+  uint64_t t2 = nb_now_ns();
+  *reg_ns = t1 - t0;
+  *dereg_ns = t2 - t1;
+  return 0;
+}
+
+static int r_isend(nb_xport* x, void* scomm, void* buf, size_t size, int tag, void* mh, void** req) {
+  raw_state* r = x->priv;
+  raw_comm* c = scomm;
+  raw_req* q = req_get(r);
+  q->size = (int)size;
+  ssize_t rc = fi_tsend(r->ep, buf, size, r->mr_local && mh ? fi_mr_desc(mh) : NULL, c->peer, c->tag_base | (uint32_t)tag, q);
+  if (rc == -FI_EAGAIN) {
+    req_put(r, q);
+    raw_progress(r);
+    *req = NULL;
+    return 0;
+  }
+  raw_check((int)rc, "fi_tsend");
+  *req = q;
+  return 0;
+}
+
+/* Fault injection for netbench's own test: NETBENCH_RAW_FAULT=k lands the
+ * k-th non-empty receive in a scratch buffer, so the caller's buffer keeps
+ * stale bytes; the run must then fail its data check. */
+static long fault_at = -1, nrecv;
+
+static int r_irecv(nb_xport* x, void* rcomm, void* buf, size_t size, int tag, void* mh, void** req) {
+  raw_state* r = x->priv;
+  raw_comm* c = rcomm;
+  if (fault_at > 0 && size && ++nrecv == fault_at) {
+    buf = malloc(size);
+    mh = NULL;
+  }
+  raw_req* q = req_get(r);
+  ssize_t rc =
+      fi_trecv(r->ep, buf, size, r->mr_local && mh ? fi_mr_desc(mh) : NULL, FI_ADDR_UNSPEC, c->tag_base | (uint32_t)tag, 0, q);
+  if (rc == -FI_EAGAIN) {
+    req_put(r, q);
+    raw_progress(r);
+    *req = NULL;
+    return 0;
+  }
+  raw_check((int)rc, "fi_trecv");
+  *req = q;
+  return 0;
+}
+
+static int r_test(nb_xport* x, void* req, int* done, int* size) {
+  raw_state* r = x->priv;
+  raw_req* q = req;
+  if (!q->done) raw_progress(r);
+  *done = q->done;
+  if (q->done) {
+    if (size) *size = q->size;
+    req_put(r, q);
+  }
+  return 0;
+}
+
+static void r_fini(nb_xport* x) {
+  raw_state* r = x->priv;
+  if (!r) return;
+  fi_close(&r->ep->fid);
+  fi_close(&r->av->fid);
+  fi_close(&r->cq->fid);
+  fi_close(&r->domain->fid);
+  fi_close(&r->fabric->fid);
+  fi_freeinfo(r->info);
+  free(r->reqs);
+  free(r);
+  x->priv = NULL;
+}
+
+static const nb_ops raw_ops = {
+    .name = "raw",
+    .listen = r_listen,
+    .connect = r_connect,
+    .accept = r_accept,
+    .close_send = r_close_comm,
+    .close_recv = r_close_comm,
+    .close_listen = r_close_listen,
+    .reg_mr = r_reg_mr,
+    .dereg_mr = r_dereg_mr,
+    .isend = r_isend,
+    .irecv = r_irecv,
+    .test = r_test,
+    .fini = r_fini,
+};
+
+int nb_raw_open(nb_xport* x, const nb_xport_opts* o) {
+  raw_state* r = calloc(1, sizeof(*r));
+  const char* fault = getenv("NETBENCH_RAW_FAULT");
+  if (fault) fault_at = atol(fault);
+  struct fi_info* hints = raw_hints(o);
+  int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &r->info);
+  fi_freeinfo(hints);
+  if (rc) nb_die("raw: fi_getinfo(provider %s): %d (%s)", o->provider ? o->provider : "(any)", rc, fi_strerror(-rc));
+  struct fi_info* fi = r->info;
+  r->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL);
+  r->mr_endpoint = !!(fi->domain_attr->mr_mode & FI_MR_ENDPOINT);
+  r->prov_key = !!(fi->domain_attr->mr_mode & FI_MR_PROV_KEY);
+  r->rma = !!(fi->caps & FI_RMA);
+  raw_check(fi_fabric(fi->fabric_attr, &r->fabric, NULL), "fi_fabric");
+  raw_check(fi_domain(r->fabric, fi, &r->domain, NULL), "fi_domain");
+  struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE, .size = 0};
+  raw_check(fi_cq_open(r->domain, &cqa, &r->cq, NULL), "fi_cq_open");
+  struct fi_av_attr ava = {.type = FI_AV_TABLE};
+  raw_check(fi_av_open(r->domain, &ava, &r->av, NULL), "fi_av_open");
+  raw_check(fi_endpoint(r->domain, fi, &r->ep, NULL), "fi_endpoint");
+  raw_check(fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
+  raw_check(fi_ep_bind(r->ep, &r->av->fid, 0), "fi_ep_bind(av)");
+  raw_check(fi_enable(r->ep), "fi_enable");
+  r->reqs = calloc(RAW_NREQ, sizeof(raw_req));
+  for (int i = RAW_NREQ - 1; i >= 0; i--) req_put(r, &r->reqs[i]);
+  x->ops = &raw_ops;
+  x->priv = r;
+  snprintf(x->desc, sizeof(x->desc), "raw libfabric %d.%d, provider %s, fabric %s, domain %s, mr_mode 0x%x",
+           FI_MAJOR(fi_version()), FI_MINOR(fi_version()), fi->fabric_attr->prov_name, fi->fabric_attr->name,
+           fi->domain_attr->name, (unsigned)fi->domain_attr->mr_mode);
+  return 0;
+}

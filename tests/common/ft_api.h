@@ -1,0 +1,112 @@
+/*
+ * Loading the plugin through one ABI version's table (or the core directly)
+ * and the NCCL-like driving helpers the functional tests and the demo share:
+ * init, connect/accept until both comms exist, post with retry, poll until
+ * done, all with deadlines.
+ *
+ * Which API: FABRIC_TEST_API = "core" | "6".."12" (a leading "v" is fine).
+ * Which library: FABRIC_TEST_PLUGIN, else the path compiled in as
+ * FT_PLUGIN_PATH.
+ */
+#ifndef FT_API_H
+#define FT_API_H
+
+#include "fab_api.h"
+#include "ft_harness.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { FT_API_CORE = 0, FT_API_NEWEST = -1 };
+
+/* The selected API version: 0 = core, 6..12 = ncclNetPlugin_vN; fails on a
+ * value it cannot parse. */
+int ft_api_selected(void);
+/* 1 when this binary can use the core directly (links fabric_engine). */
+int ft_api_core_available(void);
+const char* ft_plugin_path(void);
+/* 1 when version uses int sizes for isend/irecv (v6..v8). */
+static inline int ft_version_int_sizes(int version) { return version >= 6 && version <= 8; }
+/* 1 when version has per-communicator contexts (v11+, and the core). */
+static inline int ft_version_has_ctx(int version) { return version == 0 || version >= 11; }
+
+typedef struct ft_lib {
+  void* dl;       /* dlopen handle; NULL for the core */
+  fab_api api;    /* filled by the driver (or a copy of fab_api_core) */
+  int version;    /* 0 = core */
+  char desc[64];  /* "core" or the symbol */
+} ft_lib;
+
+/* version FT_API_NEWEST picks the newest table the library exports. Fails the
+ * test on error. */
+void ft_lib_open(ft_lib* lib, int version);
+void ft_lib_close(ft_lib* lib);
+
+/* One side of the test: the loaded plugin, its context and device 0. */
+typedef struct ft_side {
+  ft_peer* peer;
+  ft_lib lib;
+  const fab_api* api;
+  fab_ctx* ctx;
+  int inited;
+  int ndev;
+  int dev;
+  fab_properties props; /* of dev */
+  fab_comm_config config;
+} ft_side;
+
+/* Load, init (with ft_logger), devices, properties of device 0. */
+void ft_side_open(ft_side* s, ft_peer* peer, int version);
+/* init only (library already loaded); used by the lifecycle tests. */
+void ft_side_init(ft_side* s);
+/* finalize (where the version has it) and unload. */
+void ft_side_close(ft_side* s);
+
+/* A bidirectional connection to the peer: this side's send comm goes to the
+ * peer's recv comm and the other way round. */
+typedef struct ft_conn {
+  void* listen_comm;
+  void* send_comm;
+  void* recv_comm;
+  unsigned char handle[FAB_HANDLE_SIZE];
+  unsigned char peer_handle[FAB_HANDLE_SIZE];
+} ft_conn;
+
+/* listen on n comms, exchange the handles, then call connect and accept in
+ * turn (non-blocking, like NCCL) until all 2n comms exist or timeout_ms. */
+void ft_connect_all(ft_side* s, ft_conn* c, int n, int timeout_ms);
+void ft_close_all(ft_side* s, ft_conn* c, int n);
+
+/* Memory: an allocated, registered (NCCL_PTR_HOST) buffer. */
+typedef struct ft_mr {
+  void* buf;
+  size_t len;
+  void* comm;
+  void* mh;
+} ft_mr;
+void ft_mr_alloc(ft_side* s, ft_mr* m, void* comm, size_t len);
+void ft_mr_free(ft_side* s, ft_mr* m);
+
+/* Post with retry while the plugin returns success with *request == NULL;
+ * fails on an error or when timeout_ms passes without a request. */
+void* ft_isend(ft_side* s, void* comm, void* data, size_t size, int tag, void* mh, int timeout_ms);
+void* ft_irecv(ft_side* s, void* comm, int n, void** data, const size_t* sizes, const int* tags, void** mhs,
+               int timeout_ms);
+
+/* test() until done, an error, or timeout_ms. Returns the last result; *done
+ * tells whether it completed. Never fails the test itself. */
+fab_result ft_test_until(ft_side* s, void* req, int* sizes, int timeout_ms, int* done);
+/* test() until done; fails on an error or timeout. */
+void ft_wait(ft_side* s, void* req, int* sizes, int timeout_ms, const char* what);
+/* Waits for n requests, testing them round-robin; sizes (may be NULL) has
+ * stride sizes_stride ints per request. */
+void ft_wait_all(ft_side* s, void** reqs, int n, int* sizes, int sizes_stride, int timeout_ms, const char* what);
+
+/* Sends size bytes each way on conn and verifies them (symmetric). */
+void ft_exchange(ft_side* s, ft_conn* c, size_t size, uint64_t seed, int timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FT_API_H */

@@ -1,0 +1,325 @@
+/*
+ * 6. Error paths. Each must return an error code and log a WARN; none may
+ * crash or hang, and the plugin must keep working afterwards.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <sched.h>
+#include <sys/mman.h>
+
+#include "ft_criterion.h"
+
+enum { T_MS = 30000, CONNECT_TIMEOUT_MS = 1500 };
+
+/* Corrupted handles from the peer: connect fails (at once, or after
+ * FABRIC_CONNECT_TIMEOUT_MS) and never yields a comm, the peer's accept never
+ * yields one either; then clean handles still connect and move data. */
+FT_PAIR_TEST(corrupt_handle, 60) {
+  setenv("FABRIC_CONNECT_TIMEOUT_MS", "1500", 1);
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  void* lc = NULL;
+  unsigned char handle[FAB_HANDLE_SIZE], theirs[FAB_HANDLE_SIZE];
+  memset(handle, 0, sizeof handle);
+  FT_OK(s.api->listen(s.ctx, s.dev, handle, &lc));
+  ft_xchg(peer, "handle", handle, theirs, sizeof handle, T_MS);
+
+  enum { NV = 4 };
+  unsigned char bad[NV][FAB_HANDLE_SIZE];
+  const char* desc[NV] = {"every byte inverted", "all zero", "first 16 bytes inverted", "random bytes"};
+  for (int k = 0; k < FAB_HANDLE_SIZE; k++) {
+    bad[0][k] = (unsigned char)~theirs[k];
+    bad[1][k] = 0;
+    bad[2][k] = k < 16 ? (unsigned char)~theirs[k] : theirs[k];
+    bad[3][k] = (unsigned char)(ft_seed(7, (uint64_t)k, 0) >> 13);
+  }
+  void* sc[NV] = {0};
+  fab_result rc[NV];
+  int failed[NV] = {0};
+  int w0 = ft_log_warns();
+  ft_log_expect_warns(1);
+  ft_phase("connect with corrupted handles");
+  int64_t deadline = ft_now_ms() + CONNECT_TIMEOUT_MS + 10000;
+  int left = NV;
+  while (left > 0 && ft_now_ms() < deadline) {
+    for (int v = 0; v < NV; v++) {
+      if (failed[v]) continue;
+      void* dh = NULL;
+      rc[v] = s.api->connect(s.ctx, s.dev, &s.config, bad[v], &sc[v], &dh);
+      FT_CHECK(sc[v] == NULL, "connect with a corrupted handle (%s) returned a comm (rc %d)", desc[v], (int)rc[v]);
+      if (rc[v] != FAB_OK) {
+        failed[v] = 1;
+        left--;
+      }
+    }
+    void* rcomm = NULL;
+    void* dh = NULL;
+    fab_result arc = s.api->accept(lc, &rcomm, &dh);
+    FT_CHECK(arc == FAB_OK, "accept failed (%d) while the peer tried corrupted handles", (int)arc);
+    FT_CHECK(rcomm == NULL, "accept produced a comm from a peer that only sent corrupted handles");
+  }
+  ft_log_expect_warns(0);
+  for (int v = 0; v < NV; v++)
+    FT_CHECK(failed[v], "connect with a corrupted handle (%s) neither failed nor connected within %d ms (the connect "
+             "timeout is %d ms)", desc[v], CONNECT_TIMEOUT_MS + 10000, CONNECT_TIMEOUT_MS);
+  int dw = ft_log_warns() - w0;
+  FT_CHECK(dw >= NV, "%d connects failed but only %d WARN lines were logged", NV, dw);
+  ft_sync(peer, "corrupt done", T_MS);
+  FT_OK(s.api->close_listen(lc));
+
+  /* Clean handles on fresh listen comms still work. */
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  ft_exchange(&s, &c, 100003, 800, T_MS);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
+
+/* NULL and out-of-range arguments on every entry point that takes them. */
+FT_PAIR_TEST(bad_arguments, 60) {
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  const fab_api* a = s.api;
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  ft_mr sm, rm;
+  ft_mr_alloc(&s, &sm, c.send_comm, 4096);
+  ft_mr_alloc(&s, &rm, c.recv_comm, 4096);
+  void* req = NULL;
+  void* d = rm.buf;
+  void* null_data = NULL;
+  size_t len = 64;
+  int tag = 1;
+  int done = 0;
+  int sizes[FAB_MAX_RECVS];
+  int max_recvs = s.props.max_recvs;
+
+  ft_phase("bad arguments: listen/connect/accept");
+  unsigned char h[FAB_HANDLE_SIZE];
+  void* lc = NULL;
+  FT_EXPECT_ERROR(a->listen(s.ctx, -1, h, &lc));
+  FT_EXPECT_ERROR(a->listen(s.ctx, s.ndev, h, &lc));
+  FT_EXPECT_ERROR(a->listen(s.ctx, s.dev, NULL, &lc));
+  FT_EXPECT_ERROR(a->listen(s.ctx, s.dev, h, NULL));
+  void* sc = NULL;
+  void* dh = NULL;
+  FT_EXPECT_ERROR(a->connect(s.ctx, s.dev, &s.config, NULL, &sc, &dh));
+  FT_EXPECT_ERROR(a->connect(s.ctx, -1, &s.config, c.peer_handle, &sc, &dh));
+  FT_EXPECT_ERROR(a->connect(s.ctx, s.dev, &s.config, c.peer_handle, NULL, &dh));
+  FT_EXPECT_ERROR(a->accept(NULL, &sc, &dh));
+  FT_EXPECT_ERROR(a->accept(c.listen_comm, NULL, &dh));
+
+  ft_phase("bad arguments: regMr/deregMr");
+  void* mh = NULL;
+  FT_EXPECT_ERROR(a->reg_mr(NULL, sm.buf, 4096, FAB_PTR_HOST, &mh));
+  FT_EXPECT_ERROR(a->reg_mr(c.send_comm, NULL, 4096, FAB_PTR_HOST, &mh));
+  FT_EXPECT_ERROR(a->reg_mr(c.send_comm, sm.buf, 4096, 0, &mh));
+  FT_EXPECT_ERROR(a->reg_mr(c.send_comm, sm.buf, 4096, 0x40, &mh));
+  FT_EXPECT_ERROR(a->reg_mr(c.send_comm, sm.buf, 4096, FAB_PTR_HOST, NULL));
+  FT_EXPECT_ERROR(a->dereg_mr(c.send_comm, NULL));
+
+  ft_phase("bad arguments: isend");
+  FT_EXPECT_ERROR(a->isend(NULL, sm.buf, 64, tag, sm.mh, NULL, &req));
+  FT_EXPECT_ERROR(a->isend(c.send_comm, NULL, 64, tag, sm.mh, NULL, &req));
+  FT_EXPECT_ERROR(a->isend(c.send_comm, sm.buf, 64, tag, sm.mh, NULL, NULL));
+
+  ft_phase("bad arguments: irecv");
+  FT_EXPECT_ERROR(a->irecv(NULL, 1, &d, &len, &tag, &rm.mh, NULL, &req));
+  FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &null_data, &len, &tag, &rm.mh, NULL, &req));
+  FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, &len, &tag, &rm.mh, NULL, NULL));
+  FT_EXPECT_ERROR(a->irecv(c.recv_comm, 0, &d, &len, &tag, &rm.mh, NULL, &req));
+  FT_EXPECT_ERROR(a->irecv(c.recv_comm, -1, &d, &len, &tag, &rm.mh, NULL, &req));
+  {
+    /* n = maxRecvs + 1, with valid arrays that long. */
+    void* dd[FAB_MAX_RECVS + 1];
+    size_t ll[FAB_MAX_RECVS + 1];
+    int tt[FAB_MAX_RECVS + 1];
+    void* mm[FAB_MAX_RECVS + 1];
+    for (int i = 0; i <= FAB_MAX_RECVS; i++) dd[i] = rm.buf, ll[i] = 8, tt[i] = 60 + i, mm[i] = rm.mh;
+    FT_EXPECT_ERROR(a->irecv(c.recv_comm, max_recvs + 1, dd, ll, tt, mm, NULL, &req));
+  }
+  FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, NULL, &tag, &rm.mh, NULL, &req));
+  FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, NULL, &len, &tag, &rm.mh, NULL, &req));
+
+  ft_phase("bad arguments: test");
+  FT_EXPECT_ERROR(a->test(NULL, &done, sizes));
+
+  /* After all that, the comms still carry data; test() with done == NULL is
+   * rejected on a live request, which then completes normally. */
+  ft_phase("bad arguments: traffic afterwards");
+  ft_fill(sm.buf, 64, ft_seed(900, (uint64_t)ft_role(), 0));
+  memset(rm.buf, FT_POISON, 4096);
+  void* rreq = ft_irecv(&s, c.recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS);
+  void* sreq = ft_isend(&s, c.send_comm, sm.buf, 64, tag, sm.mh, T_MS);
+  FT_EXPECT_ERROR(a->test(rreq, NULL, sizes));
+  void* reqs[2] = {rreq, sreq};
+  int sz[2][FAB_MAX_RECVS];
+  ft_wait_all(&s, reqs, 2, &sz[0][0], FAB_MAX_RECVS, T_MS, "traffic after bad arguments");
+  FT_CHECK(sz[0][0] == 64, "received %d bytes", sz[0][0]);
+  ft_verify_or_fail(rm.buf, 64, ft_seed(900, (uint64_t)(1 - ft_role()), 0), "receive after bad arguments");
+  ft_check_poison((char*)rm.buf + 64, 4096 - 64, "receive after bad arguments");
+
+  ft_mr_free(&s, &sm);
+  ft_mr_free(&s, &rm);
+  ft_sync(peer, "bad args done", T_MS);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
+
+/* Sizes the version cannot carry. v6..v8 (int sizes): a size_t above INT_MAX
+ * reaches the plugin as a negative int and must be rejected. v9+ and the core
+ * (size_t): a size above maxP2pBytes must be rejected. */
+FT_PAIR_TEST(oversize, 60) {
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  const fab_api* a = s.api;
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  void* req = NULL;
+  int tag = 4;
+  if (ft_version_int_sizes(s.lib.version)) {
+    FT_CHECK(a->size_is_int == 1, "the %s driver does not say its sizes are int", s.lib.desc);
+    ft_mr sm, rm;
+    ft_mr_alloc(&s, &sm, c.send_comm, 4096);
+    ft_mr_alloc(&s, &rm, c.recv_comm, 4096);
+    const size_t bad[] = {(size_t)INT_MAX + 1, (size_t)UINT_MAX, (size_t)UINT_MAX - 4095};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      ft_phase("oversize int: %zu", bad[i]);
+      FT_EXPECT_ERROR(a->isend(c.send_comm, sm.buf, bad[i], tag, sm.mh, NULL, &req));
+      void* d = rm.buf;
+      size_t l = bad[i];
+      FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, &l, &tag, &rm.mh, NULL, &req));
+      if (s.lib.version <= 7) {
+        void* mh = NULL;
+        FT_EXPECT_ERROR(a->reg_mr(c.send_comm, sm.buf, bad[i], FAB_PTR_HOST, &mh));
+      }
+    }
+    ft_mr_free(&s, &sm);
+    ft_mr_free(&s, &rm);
+  } else {
+    size_t maxp = s.props.max_p2p_bytes;
+    FT_CHECK(maxp > 0, "maxP2pBytes is 0");
+    /* Address space only: the plugin must refuse before touching it. */
+    size_t map = (maxp + 1 + 4095) & ~(size_t)4095;
+    void* big = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    FT_CHECK(big != MAP_FAILED, "mmap of %zu bytes failed", map);
+    void *smh = NULL, *rmh = NULL;
+    FT_OK(a->reg_mr(c.send_comm, big, map, FAB_PTR_HOST, &smh));
+    FT_OK(a->reg_mr(c.recv_comm, big, map, FAB_PTR_HOST, &rmh));
+    ft_phase("oversize: %zu > maxP2pBytes %zu", maxp + 1, maxp);
+    FT_EXPECT_ERROR(a->isend(c.send_comm, big, maxp + 1, tag, smh, NULL, &req));
+    void* d = big;
+    size_t l = maxp + 1;
+    FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, &l, &tag, &rmh, NULL, &req));
+    l = (size_t)INT_MAX + 1;
+    if (l > maxp) FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, &l, &tag, &rmh, NULL, &req));
+    FT_OK(a->dereg_mr(c.send_comm, smh));
+    FT_OK(a->dereg_mr(c.recv_comm, rmh));
+    munmap(big, map);
+  }
+  /* Still works. */
+  ft_exchange(&s, &c, 5000, 1000, T_MS);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
+
+/* A send larger than the matching receive: an error at test() on at least one
+ * side, never a silent truncation, never a write past the receive buffer. */
+FT_PAIR_TEST(send_larger_than_recv, 60) {
+  enum { RLEN = 1000, SLEN = 2000, GUARD = 4096 };
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  ft_mr sm, rm;
+  ft_mr_alloc(&s, &sm, c.send_comm, SLEN);
+  ft_mr_alloc(&s, &rm, c.recv_comm, RLEN + GUARD);
+  memset(rm.buf, FT_POISON, RLEN + GUARD);
+  ft_fill(sm.buf, SLEN, ft_seed(1100, (uint64_t)ft_role(), 0));
+  int tag = 5;
+  size_t rlen = RLEN;
+  void* d = rm.buf;
+  int w0 = ft_log_warns();
+  ft_log_expect_warns(1);
+  void* rreq = ft_irecv(&s, c.recv_comm, 1, &d, &rlen, &tag, &rm.mh, T_MS);
+  void* sreq = ft_isend(&s, c.send_comm, sm.buf, SLEN, tag, sm.mh, T_MS);
+  ft_phase("oversize send: polling");
+  int rdone = 0, sdone = 0, sizes[FAB_MAX_RECVS];
+  fab_result rrc = FAB_OK, src = FAB_OK;
+  int64_t deadline = ft_now_ms() + 5000;
+  while (ft_now_ms() < deadline && (rrc == FAB_OK && !rdone)) {
+    if (rrc == FAB_OK && !rdone) rrc = s.api->test(rreq, &rdone, sizes);
+    if (src == FAB_OK && !sdone) src = s.api->test(sreq, &sdone, NULL);
+    sched_yield();
+  }
+  /* Give the send side a moment to see its error too. */
+  deadline = ft_now_ms() + 2000;
+  while (ft_now_ms() < deadline && src == FAB_OK && !sdone) {
+    src = s.api->test(sreq, &sdone, NULL);
+    sched_yield();
+  }
+  ft_log_expect_warns(0);
+  FT_CHECK(!(rrc == FAB_OK && rdone),
+           "SILENT TRUNCATION: a %d-byte send into a %d-byte receive completed successfully (reported size %d)", SLEN,
+           RLEN, sizes[0]);
+  FT_CHECK(rrc != FAB_OK || src != FAB_OK,
+           "neither the truncated receive (rc %d, done %d) nor the oversize send (rc %d, done %d) reported an error",
+           (int)rrc, rdone, (int)src, sdone);
+  FT_CHECK(ft_log_warns() > w0, "the size mismatch error was not logged as a WARN");
+  ft_check_poison((char*)rm.buf + RLEN, GUARD, "truncated receive guard");
+  fprintf(stderr, "[send_larger_than_recv %s] receive: rc %d done %d; send: rc %d done %d\n", ft_role_name(),
+          (int)rrc, rdone, (int)src, sdone);
+  ft_sync(peer, "mismatch seen", T_MS);
+  /* The comms are in error: closing them must be clean. */
+  ft_close_all(&s, &c, 1);
+  ft_mr_free(&s, &sm);
+  ft_mr_free(&s, &rm);
+  ft_side_close(&s);
+}
+
+/* Close with requests in flight: receives that will never match, sends the
+ * peer never receives; close every comm; no crash, no leak, no hang. */
+FT_PAIR_TEST(close_inflight, 60) {
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_conn c[2];
+  ft_connect_all(&s, c, 2, T_MS);
+  ft_mr sm, rm;
+  ft_mr_alloc(&s, &sm, c[0].send_comm, (size_t)4 << 20);
+  ft_mr_alloc(&s, &rm, c[0].recv_comm, (size_t)4 << 20);
+  ft_fill(sm.buf, (size_t)4 << 20, 1);
+  ft_phase("close in flight: post");
+  for (int k = 0; k < 4; k++) {
+    int tag = 70 + k;
+    size_t len = (size_t)1 << 20;
+    void* d = (char*)rm.buf + (size_t)k * len;
+    (void)ft_irecv(&s, c[0].recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS);
+  }
+  /* Small and large sends to tags the peer never posts. Some protocols
+   * cannot post a send before the receiver asks: then isend returns no
+   * request, which is fine here. */
+  for (int k = 0; k < 4; k++) {
+    void* req = NULL;
+    size_t len = k < 2 ? 16 : (size_t)1 << 20;
+    FT_OK(s.api->isend(c[0].send_comm, (char*)sm.buf + (size_t)k * ((size_t)1 << 20), len, 90 + k, sm.mh, NULL,
+                       &req));
+  }
+  /* Give the requests a chance to get going, without completing anything. */
+  int64_t until = ft_now_ms() + 100;
+  while (ft_now_ms() < until) sched_yield();
+  ft_sync(peer, "posted", T_MS);
+  ft_phase("close in flight: closing");
+  /* NCCL's proxy deregisters, then closes, with whatever is in flight. A
+   * deregMr refused because of in-flight requests is acceptable (the close
+   * must then release it); the buffers stay alive until after the close. */
+  fab_result d1 = s.api->dereg_mr(sm.comm, sm.mh);
+  fab_result d2 = s.api->dereg_mr(rm.comm, rm.mh);
+  if (d1 != FAB_OK || d2 != FAB_OK)
+    fprintf(stderr, "[close_inflight %s] deregMr with requests in flight returned %d/%d\n", ft_role_name(), (int)d1,
+            (int)d2);
+  ft_close_all(&s, c, 2);
+  ft_sync(peer, "closed", T_MS);
+  ft_side_close(&s); /* the provider may touch the buffers until the endpoint is gone */
+  ft_free(sm.buf, sm.len);
+  ft_free(rm.buf, rm.len);
+}

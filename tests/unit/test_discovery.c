@@ -1,0 +1,180 @@
+/* Device discovery and properties over real providers (tcp;ofi_rxm on lo,
+ * shm), lifecycle (init/finalize reference counting), virtual devices. */
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "unit_util.h"
+
+static const fab_api* api = &fab_api_core;
+
+static void check_props(int dev, const char* prov) {
+  fab_properties p;
+  cr_assert_eq(api->get_properties(dev, &p), FAB_OK);
+  cr_assert_not_null(p.name);
+  cr_assert_gt(strlen(p.name), 0);
+  if (!strcmp(prov, "tcp")) cr_assert_str_eq(p.name, "lo", "FI_TCP_IFACE=lo selects the lo domain");
+  cr_assert(p.ptr_support & FAB_PTR_HOST);
+  cr_assert_eq(p.ptr_support & FAB_PTR_CUDA, 0, "no CUDA on this machine");
+  cr_assert_eq(p.reg_is_global, 1);
+  cr_assert_eq(p.force_flush, 0);
+  cr_assert_gt(p.speed_mbps, 0);
+  cr_assert_eq(p.max_recvs, FAB_MAX_RECVS);
+  cr_assert_geq(p.max_comms, 256);
+  cr_assert_eq(p.net_device_type, 0);
+  cr_assert_eq(p.net_device_version, 0);
+  cr_assert_eq(p.vprops.ndevs, 1);
+  cr_assert_eq(p.vprops.devs[0], dev);
+  cr_assert_gt(p.max_p2p_bytes, 0);
+  cr_assert_leq(p.max_p2p_bytes, INT_MAX, "sizes are reported as int");
+  cr_assert_gt(p.max_coll_bytes, 0);
+  cr_assert_eq(p.max_multi_request_size, 1);
+  cr_assert_eq(p.rail_id, -1);
+  cr_assert_eq(p.plane_id, -1);
+  cr_assert_neq(p.guid, 0);
+}
+
+static void discover(const char* prov) {
+  ut_use_provider(prov);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  int n = 0;
+  cr_assert_eq(api->devices(&n), FAB_OK);
+  cr_assert_geq(n, 1);
+  for (int i = 0; i < n; i++) check_props(i, prov);
+  fab_properties a, b;
+  api->get_properties(0, &a);
+  char name[256];
+  snprintf(name, sizeof(name), "%s", a.name); /* property strings live until the last finalize */
+  /* The guid is a stable hash: a second engine incarnation reports the same. */
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+  cr_assert_eq(api->init(&ctx, 2, NULL, ut_logger, NULL), FAB_OK);
+  api->get_properties(0, &b);
+  cr_assert_eq(a.guid, b.guid);
+  cr_assert_str_eq(name, b.name);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+  cr_assert_eq(ut_warns(), 0);
+}
+
+Test(discovery, tcp) { discover("tcp"); }
+Test(discovery, shm) { discover("shm"); }
+
+Test(discovery, max_p2p_param) {
+  ut_use_provider("shm");
+  setenv("FABRIC_MAX_P2P_BYTES", "1M", 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  fab_properties p;
+  api->get_properties(0, &p);
+  cr_assert_eq(p.max_p2p_bytes, 1 << 20);
+  api->finalize(ctx);
+}
+
+Test(discovery, unknown_provider_fails_with_one_warn) {
+  ut_use_provider("no-such-provider");
+  fab_ctx* ctx = (fab_ctx*)0x1234;
+  cr_assert_neq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_assert_null(ctx);
+  cr_assert_eq(ut_warns(), 1, "exactly one WARN for the failed init");
+  int n = 7;
+  cr_assert_neq(api->devices(&n), FAB_OK, "devices before a successful init");
+  cr_assert_eq(n, 0);
+  /* The next init with a good provider works: nothing stuck half-up. */
+  ut_use_provider("shm");
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+}
+
+Test(lifecycle, refcount_and_process_context) {
+  ut_use_provider("shm");
+  fab_ctx *a, *b;
+  cr_assert_eq(api->init(&a, 1, NULL, ut_logger, NULL), FAB_OK);
+  fab_comm_config cfg = {.traffic_class = 3};
+  cr_assert_eq(api->init(&b, 2, &cfg, ut_logger, NULL), FAB_OK);
+  cr_assert_neq(a, b, "one context per communicator");
+  cr_assert_eq(api->finalize(a), FAB_OK);
+  int n;
+  cr_assert_eq(api->devices(&n), FAB_OK, "still up while b lives");
+  ut_reset_warns();
+  cr_assert_neq(api->finalize(a), FAB_OK, "double finalize");
+  cr_assert_eq(ut_warns(), 1);
+  cr_assert_eq(api->finalize(b), FAB_OK);
+  cr_assert_neq(api->devices(&n), FAB_OK, "down after the last finalize");
+  /* The process context (net v10 and older) keeps the engine up. */
+  cr_assert_eq(fab_init_process(ut_logger, NULL), FAB_OK);
+  cr_assert_eq(fab_init_process(ut_logger, NULL), FAB_OK, "idempotent");
+  cr_assert_eq(api->init(&a, 3, NULL, ut_logger, NULL), FAB_OK);
+  cr_assert_eq(api->finalize(a), FAB_OK);
+  cr_assert_eq(api->devices(&n), FAB_OK, "the process context lives until unload");
+  unsigned char h[FAB_HANDLE_SIZE];
+  void* l;
+  cr_assert_eq(api->listen(NULL, 0, h, &l), FAB_OK, "NULL ctx = the process context");
+  cr_assert_eq(api->close_listen(l), FAB_OK);
+}
+
+Test(lifecycle, calls_before_init) {
+  unsigned char h[FAB_HANDLE_SIZE];
+  void* l = (void*)0x99;
+  cr_assert_neq(api->listen(NULL, 0, h, &l), FAB_OK);
+  cr_assert_null(l, "outputs are written on failure too");
+  fab_properties p;
+  cr_assert_neq(api->get_properties(0, &p), FAB_OK);
+}
+
+Test(vdevice, make_and_validate) {
+  ut_use_provider("tcp");
+  unsetenv("FI_TCP_IFACE"); /* eth0 and lo: two physical devices when eth0 exists */
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  int n;
+  api->devices(&n);
+  fab_vdevice_props bad = {.ndevs = 1, .devs = {0}};
+  int d = -1;
+  ut_reset_warns();
+  cr_assert_neq(api->make_vdevice(&d, &bad), FAB_OK, "one device is not a fusion");
+  bad.ndevs = 9;
+  cr_assert_neq(api->make_vdevice(&d, &bad), FAB_OK);
+  bad = (fab_vdevice_props){.ndevs = 2, .devs = {0, 0}};
+  cr_assert_neq(api->make_vdevice(&d, &bad), FAB_OK, "duplicate member");
+  bad = (fab_vdevice_props){.ndevs = 2, .devs = {0, n}};
+  cr_assert_neq(api->make_vdevice(&d, &bad), FAB_OK, "member out of range");
+  cr_assert_eq(ut_warns(), 4, "one WARN per rejected call");
+  if (n < 2) {
+    cr_assert_eq(api->finalize(ctx), FAB_OK);
+    cr_skip_test("needs two physical devices");
+  }
+  fab_vdevice_props vp = {.ndevs = 2, .devs = {1, 0}};
+  cr_assert_eq(api->make_vdevice(&d, &vp), FAB_OK);
+  cr_assert_eq(d, n, "appended after the physical devices");
+  int n2;
+  api->devices(&n2);
+  cr_assert_eq(n2, n + 1);
+  fab_properties p, p1;
+  api->get_properties(d, &p);
+  api->get_properties(1, &p1);
+  cr_assert_eq(p.vprops.ndevs, 2);
+  cr_assert_eq(p.vprops.devs[0], 1);
+  cr_assert_eq(p.vprops.devs[1], 0);
+  cr_assert_eq(p.speed_mbps, p1.speed_mbps, "traffic runs over the first member");
+  cr_assert_eq(p.max_recvs, FAB_MAX_RECVS);
+  cr_assert_neq(p.guid, p1.guid);
+  cr_assert(strstr(p.name, "+") != NULL);
+  vp.devs[0] = d; /* a virtual device cannot be a member */
+  cr_assert_neq(api->make_vdevice(&d, &vp), FAB_OK);
+  /* A connection over the virtual device (to itself, one process). */
+  unsigned char h[FAB_HANDLE_SIZE];
+  void *l, *s = NULL, *r = NULL;
+  cr_assert_eq(api->listen(ctx, n, h, &l), FAB_OK);
+  for (int i = 0; i < 100000 && (!s || !r); i++) {
+    if (!s) cr_assert_eq(api->connect(ctx, n, NULL, h, &s, NULL), FAB_OK);
+    if (!r) cr_assert_eq(api->accept(l, &r, NULL), FAB_OK);
+  }
+  cr_assert(s && r);
+  api->close_send(s);
+  api->close_recv(r);
+  api->close_listen(l);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+}
