@@ -11,6 +11,7 @@
  *    atexit. All static state is reset on the way down, so the library works
  *    again after dlclose + dlopen and after finalize + init.
  */
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,8 +20,18 @@
 
 fab_engine fab_g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+/* libfabric stays loaded once it was: NCCL may dlclose and dlopen this
+ * library per communicator, and reloading libfabric each time would rerun its
+ * provider discovery (psm2, verbs, ...) and leak what those libraries never
+ * free on unload. Our own state is still torn down completely. */
+static void pin_libfabric(void) {
+  void* h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  if (h) dlclose(h);
+}
+
 static fab_result engine_up(void) {
   if (fab_g.up) return FAB_OK;
+  pin_libfabric();
   fab_list_init(&fab_g.ctxs);
   char bad[512];
   if (fab_params_load(&fab_g.params, bad, sizeof(bad)) != 0) FAB_WARN("ignored bad parameter values: %s", bad);

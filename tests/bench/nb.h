@@ -46,6 +46,8 @@ struct nb_xport {
   void* priv;
 };
 
+enum { NB_RAW_HINTS_PLUGIN = 0, NB_RAW_HINTS_NOHMEM = 1, NB_RAW_HINTS_MINIMAL = 2 };
+
 /* Options both transports need. */
 typedef struct nb_xport_opts {
   const char* provider;  /* libfabric provider name ("tcp", "shm", ...) or NULL */
@@ -53,7 +55,7 @@ typedef struct nb_xport_opts {
   int version;           /* requested ncclNetPlugin_vN, 0 = newest common */
   int dev;               /* plugin device index */
   int verbose;
-  int raw_minimal_hints; /* raw: only FI_TAGGED caps instead of the plugin's set */
+  int raw_hints;         /* NB_RAW_HINTS_*: which fi_getinfo hints raw mode uses */
 } nb_xport_opts;
 
 int nb_raw_open(nb_xport* x, const nb_xport_opts* o);

@@ -91,7 +91,7 @@ static void req_put(raw_state* r, raw_req* q) {
 }
 
 static void raw_progress(raw_state* r) {
-  struct fi_cq_tagged_entry e[RAW_CQ_BATCH];
+  struct fi_cq_msg_entry e[RAW_CQ_BATCH];
   ssize_t n = fi_cq_read(r->cq, e, RAW_CQ_BATCH);
   if (n > 0) {
     for (ssize_t i = 0; i < n; i++) {
@@ -111,25 +111,43 @@ static void raw_progress(raw_state* r) {
   }
 }
 
-/* The hints the plugin uses (kept in step with the core's provider setup). */
-static struct fi_info* raw_hints(const nb_xport_opts* o) {
+/* The hints the plugin uses (core/fab_device.c make_hints/query): RDM,
+ * FI_TAGGED|FI_MSG, FI_CONTEXT|FI_CONTEXT2, FI_THREAD_SAFE, SAS ordering,
+ * mr_mode LOCAL|ALLOCATED|PROV_KEY|VIRT_ADDR; then the same query with FI_HMEM
+ * (+FI_MR_HMEM) for the chosen provider, whose entry wins when granted.
+ * "nohmem" skips the second query; "minimal" asks only for FI_TAGGED. */
+static struct fi_info* raw_hints(const nb_xport_opts* o, const char* prov, int hmem) {
   struct fi_info* h = fi_allocinfo();
   if (!h) nb_die("fi_allocinfo");
   h->ep_attr->type = FI_EP_RDM;
-  if (o->raw_minimal_hints) {
-    h->caps = FI_TAGGED;
-    h->mode = FI_CONTEXT | FI_CONTEXT2;
-  } else {
-    h->caps = FI_TAGGED | FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-    h->mode = FI_CONTEXT | FI_CONTEXT2;
-    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  h->caps = FI_TAGGED;
+  h->mode = FI_CONTEXT | FI_CONTEXT2;
+  if (o->raw_hints != NB_RAW_HINTS_MINIMAL) {
+    h->caps |= FI_MSG | (hmem ? FI_HMEM : 0);
+    h->domain_attr->threading = FI_THREAD_SAFE;
+    h->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR | (hmem ? FI_MR_HMEM : 0);
+    h->tx_attr->msg_order = FI_ORDER_SAS;
+    h->rx_attr->msg_order = FI_ORDER_SAS;
   }
-  h->domain_attr->threading = FI_THREAD_SAFE;
-  h->domain_attr->av_type = FI_AV_TABLE;
-  h->tx_attr->msg_order = FI_ORDER_SAS;
-  h->rx_attr->msg_order = FI_ORDER_SAS;
-  if (o->provider && *o->provider) h->fabric_attr->prov_name = strdup(o->provider);
+  if (prov && *prov) h->fabric_attr->prov_name = strdup(prov);
   return h;
+}
+
+static struct fi_info* raw_getinfo(const nb_xport_opts* o) {
+  struct fi_info* hints = raw_hints(o, o->provider, 0);
+  struct fi_info* info = NULL;
+  int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
+  fi_freeinfo(hints);
+  if (rc) nb_die("raw: fi_getinfo(provider %s): %d (%s)", o->provider ? o->provider : "(any)", rc, fi_strerror(-rc));
+  if (o->raw_hints != NB_RAW_HINTS_PLUGIN) return info;
+  struct fi_info* hinfo = NULL;
+  hints = raw_hints(o, info->fabric_attr->prov_name, 1);
+  rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &hinfo);
+  fi_freeinfo(hints);
+  if (rc || !hinfo) return info;
+  fi_freeinfo(info);
+  return hinfo;
 }
 
 static int r_listen(nb_xport* x, void* handle, void** lcomm) {
@@ -350,10 +368,7 @@ int nb_raw_open(nb_xport* x, const nb_xport_opts* o) {
   raw_state* r = calloc(1, sizeof(*r));
   const char* fault = getenv("NETBENCH_RAW_FAULT");
   if (fault) fault_at = atol(fault);
-  struct fi_info* hints = raw_hints(o);
-  int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &r->info);
-  fi_freeinfo(hints);
-  if (rc) nb_die("raw: fi_getinfo(provider %s): %d (%s)", o->provider ? o->provider : "(any)", rc, fi_strerror(-rc));
+  r->info = raw_getinfo(o);
   struct fi_info* fi = r->info;
   r->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL);
   r->mr_endpoint = !!(fi->domain_attr->mr_mode & FI_MR_ENDPOINT);
@@ -361,7 +376,7 @@ int nb_raw_open(nb_xport* x, const nb_xport_opts* o) {
   r->rma = !!(fi->caps & FI_RMA);
   raw_check(fi_fabric(fi->fabric_attr, &r->fabric, NULL), "fi_fabric");
   raw_check(fi_domain(r->fabric, fi, &r->domain, NULL), "fi_domain");
-  struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_TAGGED, .wait_obj = FI_WAIT_NONE, .size = 0};
+  struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_NONE, .size = 0};
   raw_check(fi_cq_open(r->domain, &cqa, &r->cq, NULL), "fi_cq_open");
   struct fi_av_attr ava = {.type = FI_AV_TABLE};
   raw_check(fi_av_open(r->domain, &ava, &r->av, NULL), "fi_av_open");
@@ -373,8 +388,11 @@ int nb_raw_open(nb_xport* x, const nb_xport_opts* o) {
   for (int i = RAW_NREQ - 1; i >= 0; i--) req_put(r, &r->reqs[i]);
   x->ops = &raw_ops;
   x->priv = r;
-  snprintf(x->desc, sizeof(x->desc), "raw libfabric %d.%d, provider %s, fabric %s, domain %s, mr_mode 0x%x",
+  snprintf(x->desc, sizeof(x->desc),
+           "raw libfabric %d.%d, provider %s, fabric %s, domain %s, mr_mode 0x%x, caps%s%s, inject %zu, hints %s",
            FI_MAJOR(fi_version()), FI_MINOR(fi_version()), fi->fabric_attr->prov_name, fi->fabric_attr->name,
-           fi->domain_attr->name, (unsigned)fi->domain_attr->mr_mode);
+           fi->domain_attr->name, (unsigned)fi->domain_attr->mr_mode, (fi->caps & FI_MSG) ? " MSG" : "",
+           (fi->caps & FI_HMEM) ? " HMEM" : "", fi->tx_attr->inject_size,
+           o->raw_hints == NB_RAW_HINTS_PLUGIN ? "plugin" : o->raw_hints == NB_RAW_HINTS_NOHMEM ? "nohmem" : "minimal");
   return 0;
 }

@@ -112,7 +112,7 @@ FT_PAIR_TEST(dlopen_cycle, 90) {
  *    That part currently fails: see the ENGINE BUG message below. */
 static void peer_death_body(ft_peer* peer, int strict) {
   enum { BIG = 8 << 20 };
-  const int poll_ms = strict ? 15000 : 1000, new_send_ms = strict ? 15000 : 1500;
+  const int poll_ms = strict ? 15000 : 500, new_send_ms = strict ? 15000 : 700;
   ft_side s;
   ft_side_open(&s, peer, ft_api_selected());
   ft_conn c;

@@ -1,0 +1,148 @@
+/*
+ * Thread-safety stress (a plain program: Criterion does not run under TSan).
+ * One process, one context: T threads each own a loopback connection on the
+ * shared endpoint and exchange messages with verification, so completions of
+ * one thread's requests are routinely reaped by another thread's test().
+ * A second phase gives every thread its own context and connects across
+ * contexts while the others transfer.
+ *
+ *   fabric-unit-threads [tcp|shm]   (exit 0 = pass)
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fab_api.h"
+
+extern const fab_api fab_api_core;
+static const fab_api* api = &fab_api_core;
+
+enum { T = 4, MSGS = 2000, INFLIGHT = 8, MAXSZ = 70000 };
+
+#define CHECK(c, ...)                                       \
+  do {                                                      \
+    if (!(c)) {                                             \
+      fprintf(stderr, "FAILED %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                         \
+      fprintf(stderr, "\n");                                \
+      exit(1);                                              \
+    }                                                       \
+  } while (0)
+#define OK(e) CHECK((e) == FAB_OK, "%s", #e)
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void connect_pair(fab_ctx* a, fab_ctx* b, void** s, void** r, void** l) {
+  unsigned char h[FAB_HANDLE_SIZE];
+  OK(api->listen(b, 0, h, l));
+  *s = *r = NULL;
+  double end = now_s() + 30;
+  while (!*s || !*r) {
+    CHECK(now_s() < end, "connect timed out");
+    if (!*s) OK(api->connect(a, 0, NULL, h, s, NULL));
+    if (!*r) OK(api->accept(*l, r, NULL));
+  }
+}
+
+static size_t size_of(int t, int m) { return (size_t)((m * 7919 + t * 104729) % MAXSZ); }
+
+typedef struct {
+  int id;
+  fab_ctx* ctx;       /* shared or own */
+  fab_ctx* peer_ctx;  /* where the listen happens */
+  char* sbuf[INFLIGHT];
+  char* rbuf[INFLIGHT];
+} worker;
+
+static void* run(void* arg) {
+  worker* w = arg;
+  void *s, *r, *l;
+  connect_pair(w->ctx, w->peer_ctx, &s, &r, &l);
+  for (int i = 0; i < INFLIGHT; i++) {
+    w->sbuf[i] = malloc(MAXSZ);
+    w->rbuf[i] = malloc(MAXSZ);
+  }
+  void* sreq[INFLIGHT] = {0};
+  void* rreq[INFLIGHT] = {0};
+  int next_post = 0, next_done = 0;
+  double end = now_s() + 120;
+  while (next_done < MSGS) {
+    CHECK(now_s() < end, "thread %d stuck at message %d", w->id, next_done);
+    while (next_post < MSGS && next_post - next_done < INFLIGHT) {
+      int slot = next_post % INFLIGHT;
+      size_t sz = size_of(w->id, next_post);
+      void* d = w->rbuf[slot];
+      size_t rsz = MAXSZ;
+      int tag = next_post & 0xff;
+      void* rq = NULL;
+      OK(api->irecv(r, 1, &d, &rsz, &tag, NULL, NULL, &rq));
+      if (!rq) break;
+      memset(w->sbuf[slot], (char)(next_post * 13 + w->id), sz);
+      void* sq = NULL;
+      while (!sq) OK(api->isend(s, w->sbuf[slot], sz, tag, NULL, NULL, &sq));
+      rreq[slot] = rq;
+      sreq[slot] = sq;
+      next_post++;
+    }
+    int slot = next_done % INFLIGHT;
+    int rdone = 0, sdone = 0, got = -1;
+    if (rreq[slot]) OK(api->test(rreq[slot], &rdone, &got));
+    if (rdone) {
+      size_t sz = size_of(w->id, next_done);
+      CHECK(got == (int)sz, "thread %d message %d: %d bytes, expected %zu", w->id, next_done, got, sz);
+      for (size_t k = 0; k < sz; k++)
+        CHECK(w->rbuf[slot][k] == (char)(next_done * 13 + w->id), "thread %d message %d: bad byte %zu", w->id,
+              next_done, k);
+      rreq[slot] = NULL;
+    }
+    if (!rreq[slot] && sreq[slot]) {
+      while (!sdone) OK(api->test(sreq[slot], &sdone, NULL));
+      sreq[slot] = NULL;
+      next_done++;
+    }
+  }
+  OK(api->close_send(s));
+  OK(api->close_recv(r));
+  OK(api->close_listen(l));
+  for (int i = 0; i < INFLIGHT; i++) {
+    free(w->sbuf[i]);
+    free(w->rbuf[i]);
+  }
+  return NULL;
+}
+
+static void phase(int own_ctx) {
+  fab_ctx* shared;
+  OK(api->init(&shared, 1, NULL, NULL, NULL));
+  worker w[T];
+  pthread_t th[T];
+  for (int i = 0; i < T; i++) {
+    w[i].id = i;
+    w[i].ctx = shared;
+    w[i].peer_ctx = shared;
+    if (own_ctx) OK(api->init(&w[i].ctx, 100 + i, NULL, NULL, NULL));
+  }
+  for (int i = 0; i < T; i++) pthread_create(&th[i], NULL, run, &w[i]);
+  for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < T; i++)
+    if (own_ctx) OK(api->finalize(w[i].ctx));
+  OK(api->finalize(shared));
+}
+
+int main(int argc, char** argv) {
+  const char* prov = argc > 1 ? argv[1] : "shm";
+  setenv("FABRIC_PROVIDER", prov, 1);
+  setenv("FI_TCP_IFACE", "lo", 1);
+  double t0 = now_s();
+  phase(0);
+  phase(1);
+  printf("threads %s: %d threads x %d messages, shared and own contexts: PASS (%.1f s)\n", prov, T, MSGS,
+         now_s() - t0);
+  return 0;
+}
