@@ -70,6 +70,7 @@ int nb_raw_mr_cost(nb_xport* x, void* buf, size_t size, uint64_t* reg_ns, uint64
 uint64_t nb_now_ns(void);
 void nb_die(const char* fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 void nb_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void nb_cleanup_shm(void); /* removes this process's libfabric shm regions (failure exits) */
 extern int nb_rank;
 
 #endif /* NB_H */

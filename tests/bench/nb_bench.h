@@ -15,8 +15,10 @@
 #define MAX_REPS 64
 #define MAX_POINTS 256
 #define MAX_SIZES 32
-#define NMODES 2
-enum { M_RAW = 0, M_PLUGIN = 1 };
+/* raw libfabric, the plugin, and optionally a second plugin build (A/B of a
+ * change to the plugin, interleaved in the same run). */
+#define NMODES 3
+enum { M_RAW = 0, M_PLUGIN = 1, M_PLUGIN_B = 2 };
 extern const char* const mode_name[NMODES];
 
 /* ------------------------------------------------------------------------ */
@@ -64,6 +66,7 @@ typedef struct {
 
 extern nb_cfg cfg;
 extern char plugin_path[4096];
+extern char plugin_b_path[4096];
 extern int ctl;                /* control socket to the other rank */
 extern volatile int finishing; /* set before the last barrier: the watchdog stands down */
 

@@ -13,9 +13,10 @@
 
 #include "nb_bench.h"
 
-const char* const mode_name[NMODES] = {"raw", "plugin"};
+const char* const mode_name[NMODES] = {"raw", "plugin", "plugin-b"};
 nb_cfg cfg;
 char plugin_path[4096];
+char plugin_b_path[4096];
 int ctl = -1;
 nb_mode modes[NMODES];
 point_t points[MAX_POINTS];
@@ -61,6 +62,7 @@ static void* watchdog(void* arg) {
     if (finishing) return NULL;
     if (n > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
       fprintf(stderr, "netbench[rank %d]: the other rank exited early (see its message); stopping\n", nb_rank);
+      nb_cleanup_shm();
       _exit(3);
     }
   }
@@ -204,7 +206,7 @@ double vmax(const double* v, int n) {
 
 void xport_open(int m) {
   nb_xport_opts o = {.provider = cfg.provider[0] ? cfg.provider : NULL,
-                     .plugin = plugin_path,
+                     .plugin = m == M_PLUGIN_B ? plugin_b_path : plugin_path,
                      .version = cfg.version,
                      .dev = cfg.dev,
                      .verbose = cfg.verbose,

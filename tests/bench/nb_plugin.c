@@ -21,7 +21,24 @@ typedef struct {
   fab_ctx* ctx;
   int dev;
   int verbose;
+  int version;
+  const void* table;
+  char sym[64];
 } plug_state;
+
+/* A generated driver holds one bound table per ABI version. With two plugin
+ * builds open (--plugin-b) and driven through the same version, each call
+ * first makes sure the driver points at its own library's table; with one
+ * plugin this is a single predictable branch. */
+static int nplugins, several; /* several: two were open at some time */
+static const void* bound[32];
+
+static inline void use(plug_state* p) {
+  if (__builtin_expect(several, 0) && bound[p->version] != p->table) {
+    fab_driver_bind(p->sym, p->table, &p->api);
+    bound[p->version] = p->table;
+  }
+}
 
 static int plugin_verbose;
 
@@ -51,31 +68,36 @@ unsigned nb_plugin_versions_in_lib(const char* path) {
 #define P(x) ((plug_state*)(x)->priv)
 
 static int p_listen(nb_xport* x, void* handle, void** lcomm) {
+  use(P(x));
   return P(x)->api.listen(P(x)->ctx, P(x)->dev, handle, lcomm);
 }
 
 static int p_connect(nb_xport* x, void* handle, void** scomm) {
   void* dh = NULL;
+  use(P(x));
   return P(x)->api.connect(P(x)->ctx, P(x)->dev, NULL, handle, scomm, &dh);
 }
 
 static int p_accept(nb_xport* x, void* lcomm, void** rcomm) {
   void* dh = NULL;
+  use(P(x));
   return P(x)->api.accept(lcomm, rcomm, &dh);
 }
 
-static int p_close_send(nb_xport* x, void* c) { return P(x)->api.close_send(c); }
-static int p_close_recv(nb_xport* x, void* c) { return P(x)->api.close_recv(c); }
-static int p_close_listen(nb_xport* x, void* c) { return P(x)->api.close_listen(c); }
+static int p_close_send(nb_xport* x, void* c) { return use(P(x)), P(x)->api.close_send(c); }
+static int p_close_recv(nb_xport* x, void* c) { return use(P(x)), P(x)->api.close_recv(c); }
+static int p_close_listen(nb_xport* x, void* c) { return use(P(x)), P(x)->api.close_listen(c); }
 
 static int p_reg_mr(nb_xport* x, void* comm, void* buf, size_t size, void** mh) {
+  use(P(x));
   return P(x)->api.reg_mr(comm, buf, size, FAB_PTR_HOST, mh);
 }
 
-static int p_dereg_mr(nb_xport* x, void* comm, void* mh) { return P(x)->api.dereg_mr(comm, mh); }
+static int p_dereg_mr(nb_xport* x, void* comm, void* mh) { return use(P(x)), P(x)->api.dereg_mr(comm, mh); }
 
 static int p_isend(nb_xport* x, void* scomm, void* buf, size_t size, int tag, void* mh, void** req) {
   *req = NULL;
+  use(P(x));
   return P(x)->api.isend(scomm, buf, size, tag, mh, NULL, req);
 }
 
@@ -86,11 +108,13 @@ static int p_irecv(nb_xport* x, void* rcomm, void* buf, size_t size, int tag, vo
   void* mhs[1] = {mh};
   void* ph[1] = {NULL};
   *req = NULL;
+  use(P(x));
   return P(x)->api.irecv(rcomm, 1, data, sizes, tags, mhs, ph, req);
 }
 
 static int p_test(nb_xport* x, void* req, int* done, int* size) {
   int sizes[FAB_MAX_RECVS];
+  use(P(x));
   int rc = P(x)->api.test(req, done, sizes);
   if (!rc && *done && size) *size = sizes[0];
   return rc;
@@ -99,7 +123,9 @@ static int p_test(nb_xport* x, void* req, int* done, int* size) {
 static void p_fini(nb_xport* x) {
   plug_state* p = P(x);
   if (!p) return;
+  use(p);
   if (p->api.finalize) p->api.finalize(p->ctx);
+  nplugins--;
   /* The library stays loaded: a v<=10 plugin is never finalized by NCCL and
    * may keep process-wide state; unloading is not what we measure. */
   free(p);
@@ -133,18 +159,18 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
    * driver for. */
   unsigned lib = nb_plugin_versions_in_lib(o->plugin), refused = 0;
   char sym[64] = "";
-  int bound = 0;
-  for (int v = 31; v > 0 && !bound; v--) {
+  int bound_v = 0;
+  for (int v = 31; v > 0 && !bound_v; v--) {
     if (!(lib & (1u << v)) || (o->version && v != o->version)) continue;
     snprintf(sym, sizeof(sym), "ncclNetPlugin_v%d", v);
     void* table = dlsym(p->lib, sym);
     memset(&p->api, 0, sizeof(p->api));
     if (table && fab_driver_bind(sym, table, &p->api) == 0)
-      bound = v;
+      bound_v = v;
     else
       refused |= 1u << v;
   }
-  if (!bound) {
+  if (!bound_v) {
     char have[128] = "", no[128] = "";
     for (int v = 1; v < 32; v++) {
       if (lib & (1u << v)) snprintf(have + strlen(have), sizeof(have) - strlen(have), " v%d", v);
@@ -156,7 +182,12 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
     nb_die("%s exports ncclNetPlugin_{%s } and netbench has a driver for none of them (refused:%s)", o->plugin, have,
            no);
   }
-  if (p->api.version != bound) nb_die("driver for %s reports version %d", sym, p->api.version);
+  if (p->api.version != bound_v) nb_die("driver for %s reports version %d", sym, p->api.version);
+  p->version = bound_v;
+  p->table = dlsym(p->lib, sym);
+  snprintf(p->sym, sizeof(p->sym), "%s", sym);
+  bound[bound_v] = p->table;
+  if (++nplugins > 1) several = 1;
   fab_comm_config conf = {.traffic_class = -1};
   int rc = p->api.init(&p->ctx, 0x6e6574626e63ull, &conf, plug_logger, NULL);
   if (rc) nb_die("plugin %s: init failed (%d)", o->plugin, rc);

@@ -3,9 +3,11 @@
  * registration, and resident memory per comm. Every test runs its points'
  * repetitions with raw and plugin interleaved. */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,7 +143,10 @@ static double run_stream(int m, bufset* s, bufset* r, size_t size, int window, l
 /* ------------------------------------------------------------------------ */
 /* The schedule: points x repetitions x modes, interleaved.                  */
 
-static int order_of(int rep, int k) { return (rep % 2 == 0) ? k : 1 - k; } /* ABBA */
+/* Mode order of repetition rep: ascending, then descending (raw, plugin /
+ * plugin, raw / ...; with a second plugin raw, A, B / B, A, raw / ...), so
+ * neither mode always runs first or right after the other. */
+static int order_of(int rep, int k) { return (rep % 2 == 0) ? k : NMODES - 1 - k; }
 
 #define FOR_REPS_MODES(rep, m)                                   \
   for (int rep = 0; rep < cfg.reps; rep++)                       \
@@ -354,10 +359,11 @@ static double rss_kib(void) {
   return (double)res * (double)sysconf(_SC_PAGESIZE) / 1024.0;
 }
 
-enum { MEM_INIT_KIB, MEM_FIRST_MS, MEM_IDLE_KIB, MEM_USED_KIB, MEM_NRES };
+enum { MEM_INIT_KIB, MEM_FIRST_MS, MEM_FIRST_KIB, MEM_IDLE_KIB, MEM_USED_KIB, MEM_CTX_KIB, MEM_NRES };
 
 static void mem_child(int m, int rep, int wfd) {
-  watchdog_start(); /* threads do not survive fork */
+  prctl(PR_SET_PDEATHSIG, SIGTERM); /* a killed rank takes its test process with it */
+  watchdog_start();                 /* threads do not survive fork */
   double res[MEM_NRES];
   int n = cfg.mem_comms;
   void** sc = calloc((size_t)n + 1, sizeof(void*));
@@ -369,11 +375,13 @@ static void mem_child(int m, int rep, int wfd) {
   uint64_t t0 = nb_now_ns();
   double r0 = rss_kib();
   xport_open(m);
-  res[MEM_INIT_KIB] = rss_kib() - r0;
+  double ri = rss_kib();
+  res[MEM_INIT_KIB] = ri - r0;
   comms_establish(m, 1, s ? sc : NULL, s ? NULL : rc);
   barrier();
   res[MEM_FIRST_MS] = (double)(nb_now_ns() - t0) / 1e6;
   double r1 = rss_kib();
+  res[MEM_FIRST_KIB] = r1 - ri;
   comms_establish(m, n, s ? sc + 1 : NULL, s ? NULL : rc + 1);
   barrier();
   double r2 = rss_kib();
@@ -402,6 +410,21 @@ static void mem_child(int m, int rep, int wfd) {
     else chk(OPS(m)->close_recv(X(m), rc[i]), m, "closeRecv");
   }
   barrier();
+  /* A second context (for the plugin: a second init, as NCCL does per
+   * communicator from net v11 on; for raw: a second endpoint) and its first
+   * comm, while the first context stays open. */
+  nb_mode first = modes[m];
+  double rc0 = rss_kib();
+  xport_open(m);
+  void* c2 = NULL;
+  comms_establish(m, 1, s ? &c2 : NULL, s ? NULL : &c2);
+  barrier();
+  res[MEM_CTX_KIB] = rss_kib() - rc0;
+  if (s) chk(OPS(m)->close_send(X(m), c2), m, "closeSend");
+  else chk(OPS(m)->close_recv(X(m), c2), m, "closeRecv");
+  barrier();
+  xport_close(m);
+  modes[m] = first;
   xport_close(m);
   if (write(wfd, res, sizeof(res)) != (ssize_t)sizeof(res)) nb_die("result pipe");
   finishing = 1; /* the parent keeps the socket open: no hang-up to see */
@@ -411,6 +434,8 @@ static void mem_child(int m, int rep, int wfd) {
 void test_mem(void) {
   point_t* pi = point_new("mem_init", 0, 1, "KiB", 0);
   point_t* pf = point_new("setup_first", 1, 1, "ms", 0);
+  point_t* p1 = point_new("mem_first_comm", 1, 1, "KiB", 0);
+  point_t* pc = point_new("mem_per_ctx", 1, 1, "KiB", 0);
   point_t* ps = point_new("mem_send_comm", cfg.mem_comms, 1, "KiB", 0);
   point_t* pr = point_new("mem_recv_comm", cfg.mem_comms, 1, "KiB", 0);
   point_t* pu = point_new("mem_send_used", cfg.mem_comms, 1, "KiB", 0);
@@ -439,6 +464,8 @@ void test_mem(void) {
     double* r = nb_rank == 0 ? peer : res;
     point_add(pi, m, s[MEM_INIT_KIB]);
     point_add(pf, m, s[MEM_FIRST_MS]);
+    point_add(p1, m, s[MEM_FIRST_KIB]);
+    point_add(pc, m, s[MEM_CTX_KIB]);
     point_add(ps, m, s[MEM_IDLE_KIB]);
     point_add(pr, m, r[MEM_IDLE_KIB]);
     point_add(pu, m, s[MEM_USED_KIB]);
@@ -446,6 +473,8 @@ void test_mem(void) {
   }
   snprintf(pi->note, sizeof(pi->note), "RSS growth of init (plugin: no endpoint yet)");
   snprintf(pf->note, sizeof(pf->note), "cold start: init + first comm, fresh process");
+  snprintf(p1->note, sizeof(p1->note), "RSS growth of the first send comm (plugin: + endpoint)");
+  snprintf(pc->note, sizeof(pc->note), "2nd context (plugin: init per NCCL comm) + its 1st comm");
   snprintf(ps->note, sizeof(ps->note), "RSS/comm, idle, over %d comms", cfg.mem_comms);
   snprintf(pr->note, sizeof(pr->note), "RSS/comm, idle, over %d comms", cfg.mem_comms);
   snprintf(pu->note, sizeof(pu->note), "RSS/comm after one message each");

@@ -14,6 +14,7 @@
  * checked: sampled words with a per-iteration pattern on every transfer, and
  * one full-buffer transfer per point and mode.
  */
+#define _GNU_SOURCE /* sched_setaffinity */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
@@ -21,6 +22,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,12 @@ static const struct { const char* name; int bit; } test_names[] = {
     {"setup", T_SETUP}, {"mr", T_MR}, {"mem", T_MEM},
 };
 static char csv_path[4096];
+
+static void on_signal(int sig) {
+  nb_cleanup_shm();
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
 static int loopback = 1;
 
 /* ------------------------------------------------------------------------ */
@@ -66,48 +74,79 @@ static void fmt_size(long v, char* buf, size_t len) {
     snprintf(buf, len, "%ld", v);
 }
 
+static double ratio_of(const point_t* p, int m) {
+  double r = median(p->v[M_RAW], p->n[M_RAW]), v = median(p->v[m], p->n[m]);
+  return (p->n[M_RAW] && p->n[m] && r != 0) ? v / r : NAN;
+}
+
+static void fmt_mode(const point_t* p, int m, char* med, size_t mlen, char* range, size_t rlen) {
+  if (!p->n[m]) {
+    snprintf(med, mlen, "-");
+    snprintf(range, rlen, "-");
+    return;
+  }
+  snprintf(med, mlen, "%.4g", median(p->v[m], p->n[m]));
+  snprintf(range, rlen, "%.3g..%.3g", vmin(p->v[m], p->n[m]), vmax(p->v[m], p->n[m]));
+}
+
 static void report(FILE* out, const char* header) {
+  int b = mode_on(M_PLUGIN_B);
   fprintf(out, "\n%s\n", header);
-  fprintf(out, "%-14s %8s %4s %-7s %10s %21s %10s %21s %7s %-12s %s\n", "test", "param", "win", "unit", "raw", "raw min..max",
-          "plugin", "plugin min..max", "ratio", "target", "note");
+  fprintf(out, "%-14s %8s %4s %-7s %10s %21s %10s %21s %7s", "test", "param", "win", "unit", "raw", "raw min..max",
+          "plugin", "plugin min..max", "ratio");
+  if (b) fprintf(out, " %10s %21s %7s", "plugin-b", "plugin-b min..max", "ratio-b");
+  fprintf(out, " %-12s %s\n", "target", "note");
   for (int i = 0; i < npoints; i++) {
     point_t* p = &points[i];
-    double mr = median(p->v[M_RAW], p->n[M_RAW]), mp = median(p->v[M_PLUGIN], p->n[M_PLUGIN]);
-    double ratio = (p->n[M_RAW] && p->n[M_PLUGIN] && mr != 0) ? mp / mr : NAN;
-    char sz[32], rr[48], pr[48], tg[32], rt[16];
+    char sz[32], tg[32], med[NMODES][24], rng[NMODES][48], rt[NMODES][16];
     fmt_size(p->param, sz, sizeof(sz));
-    snprintf(rr, sizeof(rr), "%.3g..%.3g", vmin(p->v[M_RAW], p->n[M_RAW]), vmax(p->v[M_RAW], p->n[M_RAW]));
-    snprintf(pr, sizeof(pr), "%.3g..%.3g", vmin(p->v[M_PLUGIN], p->n[M_PLUGIN]), vmax(p->v[M_PLUGIN], p->n[M_PLUGIN]));
-    if (isnan(ratio)) snprintf(rt, sizeof(rt), "-");
-    else snprintf(rt, sizeof(rt), "%.3f", ratio);
-    char ms[2][24];
-    snprintf(ms[0], sizeof(ms[0]), p->n[M_RAW] ? "%.4g" : "-", mr);
-    snprintf(ms[1], sizeof(ms[1]), p->n[M_PLUGIN] ? "%.4g" : "-", mp);
-    fprintf(out, "%-14s %8s %4d %-7s %10s %21s %10s %21s %7s %-12s %s\n", p->test, sz, p->window, p->unit, ms[0],
-            p->n[M_RAW] ? rr : "-", ms[1], p->n[M_PLUGIN] ? pr : "-", rt, target_of(p, ratio, tg, sizeof(tg)), p->note);
+    for (int m = 0; m < NMODES; m++) {
+      fmt_mode(p, m, med[m], sizeof(med[m]), rng[m], sizeof(rng[m]));
+      double r = ratio_of(p, m);
+      snprintf(rt[m], sizeof(rt[m]), isnan(r) ? "-" : "%.3f", r);
+    }
+    fprintf(out, "%-14s %8s %4d %-7s %10s %21s %10s %21s %7s", p->test, sz, p->window, p->unit, med[M_RAW], rng[M_RAW],
+            med[M_PLUGIN], rng[M_PLUGIN], rt[M_PLUGIN]);
+    if (b) fprintf(out, " %10s %21s %7s", med[M_PLUGIN_B], rng[M_PLUGIN_B], rt[M_PLUGIN_B]);
+    fprintf(out, " %-12s %s\n", target_of(p, ratio_of(p, M_PLUGIN), tg, sizeof(tg)), p->note);
   }
 }
 
+static void csv_mode(FILE* f, const point_t* p, int m) {
+  fprintf(f, "%.6g,%.6g,%.6g,", median(p->v[m], p->n[m]), vmin(p->v[m], p->n[m]), vmax(p->v[m], p->n[m]));
+}
+
+static void csv_values(FILE* f, const point_t* p, int m) {
+  for (int j = 0; j < p->n[m]; j++) fprintf(f, "%s%.6g", j ? ";" : "", p->v[m][j]);
+  fprintf(f, ",");
+}
+
+/* One row per point. The plugin-b columns come last and are nan when no
+ * second plugin ran, so readers of the first columns need not know them. */
 static void write_csv(const char* path, const char* xdesc[NMODES]) {
   FILE* f = fopen(path, "w");
   if (!f) nb_die("cannot write %s: %s", path, strerror(errno));
-  fprintf(f, "# netbench; provider=%s; plugin=%s; %s; %s\n", cfg.provider, plugin_path, xdesc[M_RAW] ? xdesc[M_RAW] : "",
-          xdesc[M_PLUGIN] ? xdesc[M_PLUGIN] : "");
+  fprintf(f, "# netbench; provider=%s; plugin=%s; plugin_b=%s; %s; %s; %s\n", cfg.provider, plugin_path,
+          mode_on(M_PLUGIN_B) ? plugin_b_path : "", xdesc[M_RAW] ? xdesc[M_RAW] : "",
+          xdesc[M_PLUGIN] ? xdesc[M_PLUGIN] : "", xdesc[M_PLUGIN_B] ? xdesc[M_PLUGIN_B] : "");
   fprintf(f, "test,param,window,unit,higher_is_better,reps,raw_median,raw_min,raw_max,plugin_median,plugin_min,plugin_max,"
-             "ratio_plugin_over_raw,raw_values,plugin_values,note\n");
+             "ratio_plugin_over_raw,raw_values,plugin_values,note,plugin_b_median,plugin_b_min,plugin_b_max,"
+             "ratio_plugin_b_over_raw,plugin_b_values\n");
   for (int i = 0; i < npoints; i++) {
     point_t* p = &points[i];
-    double mr = median(p->v[M_RAW], p->n[M_RAW]), mp = median(p->v[M_PLUGIN], p->n[M_PLUGIN]);
-    double ratio = (p->n[M_RAW] && p->n[M_PLUGIN] && mr != 0) ? mp / mr : NAN;
-    fprintf(f, "%s,%ld,%d,%s,%d,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,", p->test, p->param, p->window, p->unit,
-            p->higher_better, p->n[M_RAW] > p->n[M_PLUGIN] ? p->n[M_RAW] : p->n[M_PLUGIN], mr,
-            vmin(p->v[M_RAW], p->n[M_RAW]), vmax(p->v[M_RAW], p->n[M_RAW]), mp, vmin(p->v[M_PLUGIN], p->n[M_PLUGIN]),
-            vmax(p->v[M_PLUGIN], p->n[M_PLUGIN]), ratio);
-    for (int m = 0; m < NMODES; m++) {
-      for (int j = 0; j < p->n[m]; j++) fprintf(f, "%s%.6g", j ? ";" : "", p->v[m][j]);
-      fprintf(f, ",");
-    }
-    fprintf(f, "\"%s\"\n", p->note);
+    int reps = 0;
+    for (int m = 0; m < NMODES; m++) reps = p->n[m] > reps ? p->n[m] : reps;
+    fprintf(f, "%s,%ld,%d,%s,%d,%d,", p->test, p->param, p->window, p->unit, p->higher_better, reps);
+    csv_mode(f, p, M_RAW);
+    csv_mode(f, p, M_PLUGIN);
+    fprintf(f, "%.6g,", ratio_of(p, M_PLUGIN));
+    csv_values(f, p, M_RAW);
+    csv_values(f, p, M_PLUGIN);
+    fprintf(f, "\"%s\",", p->note);
+    csv_mode(f, p, M_PLUGIN_B);
+    fprintf(f, "%.6g,", ratio_of(p, M_PLUGIN_B));
+    for (int j = 0; j < p->n[M_PLUGIN_B]; j++) fprintf(f, "%s%.6g", j ? ";" : "", p->v[M_PLUGIN_B][j]);
+    fprintf(f, "\n");
   }
   fclose(f);
 }
@@ -117,7 +156,7 @@ static void write_csv(const char* path, const char* xdesc[NMODES]) {
 
 static int rank_main(void) {
   char xdesc_buf[NMODES][256];
-  const char* xdesc[NMODES] = {NULL, NULL};
+  const char* xdesc[NMODES] = {NULL, NULL, NULL};
   /* Memory first: it forks clean processes before this one touches libfabric. */
   if (cfg.tests & T_MEM) test_mem();
   for (int m = 0; m < NMODES; m++) {
@@ -125,7 +164,7 @@ static int rank_main(void) {
     xport_open(m);
     snprintf(xdesc_buf[m], sizeof(xdesc_buf[m]), "%s", modes[m].x.desc);
     xdesc[m] = xdesc_buf[m];
-    if (nb_rank == 0) printf("%-6s: %s\n", mode_name[m], modes[m].x.desc);
+    if (nb_rank == 0) printf("%-8s: %s\n", mode_name[m], modes[m].x.desc);
     barrier();
     data_comms_up(m);
   }
@@ -194,6 +233,8 @@ static void usage(FILE* f) {
           "  --provider NAME      libfabric provider for both modes (default tcp; sets FI_PROVIDER and\n"
           "                       FABRIC_PROVIDER; with tcp on one host FI_TCP_IFACE defaults to lo)\n"
           "  --modes LIST         raw,plugin (default both)\n"
+          "  --plugin-b PATH      also drive a second plugin build, interleaved (A/B of a plugin change):\n"
+          "                       extra columns plugin-b and ratio-b = plugin-b/raw\n"
           "  --tests LIST         lat,bw,bibw,rate,setup,mr,mem (default all)\n"
           "  --reps N             repetitions per mode, interleaved (default 5)\n"
           "  --smoke              short run for CTest: tiny counts, data verified, no timing claims\n"
@@ -210,6 +251,8 @@ static void usage(FILE* f) {
           "  --setup-comms N      comms for the setup test (default 256)\n"
           "  --mem-comms N        comms for the memory test (default 256)\n"
           "  --dev N              plugin device (default 0)\n"
+          "  --cpus A[,B]         pin rank 0 to CPU A and rank 1 to CPU B (one host), or this rank to A\n"
+          "                       (two hosts); steadier latency on hosts with many cores or SMT\n"
           "  --raw-hints KIND     raw mode's fi_getinfo hints: plugin (default: the plugin's set, FI_HMEM\n"
           "                       entry when granted), nohmem (same without FI_HMEM), minimal (FI_TAGGED)\n"
           "  -v                   verbose\n");
@@ -319,7 +362,7 @@ int main(int argc, char** argv) {
   snprintf(plugin_path, sizeof(plugin_path), "%s", env_plugin ? env_plugin : "libnccl-net-fabric.so");
   enum { O_PLUGIN = 256, O_VERSION, O_PROVIDER, O_MODES, O_TESTS, O_REPS, O_SMOKE, O_SERVER, O_CONNECT, O_CSV,
          O_LATSIZES, O_LATITERS, O_BWSIZES, O_WINDOW, O_BWBYTES, O_MAXMEM, O_RATESIZE, O_RATEWIN, O_RATEMSGS,
-         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_HELP };
+         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_HELP };
   static const struct option lo[] = {
       {"plugin", 1, 0, O_PLUGIN}, {"version", 1, 0, O_VERSION}, {"provider", 1, 0, O_PROVIDER},
       {"modes", 1, 0, O_MODES}, {"tests", 1, 0, O_TESTS}, {"reps", 1, 0, O_REPS}, {"smoke", 0, 0, O_SMOKE},
@@ -328,9 +371,10 @@ int main(int argc, char** argv) {
       {"window", 1, 0, O_WINDOW}, {"bw-bytes", 1, 0, O_BWBYTES}, {"max-mem", 1, 0, O_MAXMEM},
       {"rate-size", 1, 0, O_RATESIZE}, {"rate-window", 1, 0, O_RATEWIN}, {"rate-msgs", 1, 0, O_RATEMSGS},
       {"setup-comms", 1, 0, O_SETUP}, {"mem-comms", 1, 0, O_MEMCOMMS}, {"dev", 1, 0, O_DEV},
-      {"raw-hints", 1, 0, O_MINHINTS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+      {"raw-hints", 1, 0, O_MINHINTS}, {"cpus", 1, 0, O_CPUS}, {"plugin-b", 1, 0, O_PLUGIN_B}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
   /* Sizes given on the command line win over --smoke's. */
   char lat_arg[512] = "", bw_arg[512] = "";
+  int cpus[2] = {-1, -1}, modes_set = 0;
   int c;
   while ((c = getopt_long(argc, argv, "vh", lo, NULL)) != -1) {
     switch (c) {
@@ -341,6 +385,7 @@ int main(int argc, char** argv) {
         cfg.modes = 0;
         if (strstr(optarg, "raw")) cfg.modes |= 1 << M_RAW;
         if (strstr(optarg, "plugin")) cfg.modes |= 1 << M_PLUGIN;
+        modes_set = 1;
         if (!cfg.modes) nb_die("--modes wants raw and/or plugin");
         break;
       case O_TESTS: {
@@ -373,6 +418,10 @@ int main(int argc, char** argv) {
       case O_SETUP: cfg.setup_comms = atoi(optarg); break;
       case O_MEMCOMMS: cfg.mem_comms = atoi(optarg); break;
       case O_DEV: cfg.dev = atoi(optarg); break;
+      case O_PLUGIN_B: snprintf(plugin_b_path, sizeof(plugin_b_path), "%s", optarg); break;
+      case O_CPUS:
+        if (sscanf(optarg, "%d,%d", &cpus[0], &cpus[1]) < 1) nb_die("--cpus wants A[,B]");
+        break;
       case O_MINHINTS:
         if (!strcmp(optarg, "plugin")) cfg.raw_hints = NB_RAW_HINTS_PLUGIN;
         else if (!strcmp(optarg, "nohmem")) cfg.raw_hints = NB_RAW_HINTS_NOHMEM;
@@ -385,6 +434,10 @@ int main(int argc, char** argv) {
     }
   }
   if (optind < argc) snprintf(plugin_path, sizeof(plugin_path), "%s", argv[optind]);
+  if (plugin_b_path[0]) {
+    cfg.modes |= 1 << M_PLUGIN_B;
+    if (!modes_set) cfg.modes |= 1 << M_PLUGIN;
+  }
   if (smoke) {
     int reps = cfg.reps;
     apply_smoke();
@@ -399,6 +452,9 @@ int main(int argc, char** argv) {
   for (int i = 0; i < cfg.nbw; i++)
     if (!cfg.bw_sizes[i]) nb_die("bandwidth sizes must be > 0");
   signal(SIGPIPE, SIG_IGN);
+  signal(SIGTERM, on_signal); /* CTest's timeout, Ctrl-C: leave no shm regions behind */
+  signal(SIGINT, on_signal);
+  signal(SIGHUP, on_signal);
 
   loopback = !server_port && !connect_to;
 
@@ -412,13 +468,20 @@ int main(int argc, char** argv) {
     nb_rank = child == 0 ? 1 : 0;
     ctl = sv[nb_rank];
     close(sv[1 - nb_rank]);
-    if (nb_rank == 1) prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive rank 0 */
+    if (nb_rank == 1) prctl(PR_SET_PDEATHSIG, SIGTERM); /* never outlive rank 0 (and clean up) */
   } else if (server_port) {
     nb_rank = 1;
     ctl = tcp_listen_accept(atoi(server_port));
   } else {
     nb_rank = 0;
     ctl = tcp_connect(connect_to);
+  }
+  int cpu = loopback ? cpus[nb_rank] : cpus[0];
+  if (cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof(set), &set)) nb_die("--cpus: cannot pin rank %d to CPU %d: %s", nb_rank, cpu, strerror(errno));
   }
   /* Rank 0's configuration rules; a remote rank 1 adopts it. */
   if (!loopback) {

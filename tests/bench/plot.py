@@ -40,9 +40,10 @@ def load(path):
         for k in ("param", "window", "higher_is_better", "reps"):
             r[k] = int(r[k])
         for k in ("raw_median", "raw_min", "raw_max", "plugin_median", "plugin_min", "plugin_max",
-                  "ratio_plugin_over_raw"):
+                  "ratio_plugin_over_raw", "plugin_b_median", "plugin_b_min", "plugin_b_max",
+                  "ratio_plugin_b_over_raw"):
             try:
-                r[k] = float(r[k])
+                r[k] = float(r.get(k) or "nan")  # plugin_b_*: only with --plugin-b
             except ValueError:
                 r[k] = float("nan")
     return provider, rows
@@ -61,11 +62,11 @@ def series(rows, test):
 
 def plot_vs_size(ax, datasets, test, ylabel, logy):
     import math
-    styles = {"raw": "--", "plugin": "-"}
+    styles = {"raw": "--", "plugin": "-", "plugin_b": ":"}
     any_data = False
     for provider, rows in datasets:
         pts = series(rows, test)
-        for mode in ("raw", "plugin"):
+        for mode in ("raw", "plugin", "plugin_b"):
             xs, ys, lo, hi = [], [], [], []
             for r in pts:
                 y = r[f"{mode}_median"]
@@ -79,7 +80,7 @@ def plot_vs_size(ax, datasets, test, ylabel, logy):
             if xs:
                 any_data = True
                 ax.errorbar(xs, ys, yerr=[lo, hi], linestyle=styles[mode], marker="o", markersize=3, capsize=2,
-                            label=f"{provider} {mode}")
+                            label=f"{provider} {mode.replace('_', '-')}")
     ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
@@ -148,12 +149,13 @@ def main():
     fig, ax = plt.subplots(figsize=(7, 4.5))
     any_ratio = False
     for provider, rows in datasets:
-        for test, style in (("lat", "o-"), ("bw", "s-"), ("bibw", "^-")):
-            pts = [r for r in series(rows, test) if r["ratio_plugin_over_raw"] == r["ratio_plugin_over_raw"]]
-            if pts:
-                any_ratio = True
-                ax.plot([r["param"] if r["param"] > 0 else 1 for r in pts],
-                        [r["ratio_plugin_over_raw"] for r in pts], style, markersize=3, label=f"{provider} {test}")
+        for test, style in (("lat", "o"), ("bw", "s"), ("bibw", "^")):
+            for col, line, tag in (("ratio_plugin_over_raw", "-", ""), ("ratio_plugin_b_over_raw", ":", " (plugin-b)")):
+                pts = [r for r in series(rows, test) if r[col] == r[col]]
+                if pts:
+                    any_ratio = True
+                    ax.plot([r["param"] if r["param"] > 0 else 1 for r in pts], [r[col] for r in pts], style + line,
+                            markersize=3, label=f"{provider} {test}{tag}")
     if any_ratio:
         ax.axhline(1.10, color="red", linestyle=":", linewidth=1, label="latency target <= 1.10")
         ax.axhline(0.95, color="green", linestyle=":", linewidth=1, label="bandwidth target >= 0.95")
@@ -175,17 +177,24 @@ def main():
               ("mem_send_comm", "RSS per idle send comm (KiB)"), ("mem_recv_comm", "RSS per idle recv comm (KiB)")]
     present = [(t, l) for t, l in panels if any(series(rows, t) for _, rows in datasets)]
     if present:
-        fig, axes = plt.subplots(1, len(present), figsize=(3.2 * len(present), 4), squeeze=False)
-        for ax, (test, label) in zip(axes[0], present):
-            labels, raw, plug = [], [], []
+        ncol = min(3, len(present))
+        nrow = (len(present) + ncol - 1) // ncol
+        fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.6 * nrow), squeeze=False)
+        for ax in axes.flat[len(present):]:
+            ax.set_visible(False)
+        for ax, (test, label) in zip(axes.flat, present):
+            labels, bars = [], {"raw": [], "plugin": [], "plugin_b": []}
             for provider, rows in datasets:
                 for r in series(rows, test):
                     labels.append(f"{provider}\n{human(r['param'])}")
-                    raw.append(r["raw_median"])
-                    plug.append(r["plugin_median"])
+                    for mode in bars:
+                        bars[mode].append(r[f"{mode}_median"])
+            shown = [m for m in bars if any(v == v for v in bars[m])]
+            width = 0.8 / max(1, len(shown))
             xs = range(len(labels))
-            ax.bar([x - 0.2 for x in xs], raw, width=0.4, label="raw")
-            ax.bar([x + 0.2 for x in xs], plug, width=0.4, label="plugin")
+            for i, mode in enumerate(shown):
+                ax.bar([x - 0.4 + width * (i + 0.5) for x in xs], [0 if v != v else v for v in bars[mode]],
+                       width=width, label=mode.replace("_", "-"))
             ax.set_xticks(list(xs))
             ax.set_xticklabels(labels, fontsize=6)
             ax.set_title(label, fontsize=8)

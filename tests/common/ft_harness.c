@@ -26,6 +26,9 @@ static ft_peer* g_peer = NULL;  /* for failure handling and the watchdog */
 static char g_phase[160] = "start";
 static char g_test[64] = "";
 static ft_fail_hook g_hook = NULL;
+static const char* g_note = NULL;
+
+void ft_set_note(const char* note) { g_note = note; }
 
 void ft_set_fail_hook(ft_fail_hook hook) { g_hook = hook; }
 int ft_role(void) { return g_role; }
@@ -136,6 +139,7 @@ static void kill_child(ft_peer* p) {
   }
   p->reaped = 1;
   p->status = st;
+  ft_shm_cleanup(p->pid);
 }
 
 static __attribute__((noreturn)) void fail_message(const char* msg) {
@@ -162,8 +166,8 @@ void ft_fail_at(const char* file, int line, const char* fmt, ...) {
   vsnprintf(body, sizeof body, fmt, ap);
   va_end(ap);
   const char* base = strrchr(file, '/');
-  snprintf(msg, sizeof msg, "[%s%s%s] %s:%d: %s (phase: %s)", g_test, g_test[0] ? " " : "", ft_role_name(),
-           base ? base + 1 : file, line, body, g_phase);
+  snprintf(msg, sizeof msg, "[%s%s%s] %s:%d: %s (phase: %s)%s%s", g_test, g_test[0] ? " " : "", ft_role_name(),
+           base ? base + 1 : file, line, body, g_phase, g_note ? " -- " : "", g_note ? g_note : "");
   fail_message(msg);
 }
 
@@ -298,6 +302,10 @@ void ft_run_pair(const char* name, ft_body_fn body, void* arg, int timeout_s) {
   ft_phase("waiting for the child to exit");
   if (!ft_wait_child(&peer, timeout_s * 1000)) FT_FAIL("the child did not exit within %d s after the parent finished", timeout_s);
   ft_check_child_ok(&peer);
+  /* Leaks in this (Criterion's) process would only be printed at exit, not
+   * fail the test: check now, after the body unloaded the plugin. */
+  ft_phase("leak check");
+  if (ft_leak_check()) FT_FAIL("LeakSanitizer found leaks in the parent (see the report above)");
   alarm(0);
   signal(SIGALRM, SIG_DFL);
   close(peer.fd);
@@ -314,6 +322,7 @@ int ft_wait_child(ft_peer* p, int timeout_ms) {
     if (r == p->pid) {
       p->reaped = 1;
       p->status = st;
+      ft_shm_cleanup(p->pid); /* whatever shm regions it did not close */
       return 1;
     }
     if (r < 0 && errno != EINTR) return 1;
@@ -451,6 +460,40 @@ void* ft_alloc(size_t len) {
 void ft_free(void* buf, size_t len) {
   (void)len;
   free(buf);
+}
+
+/* ------------------------------------------------------------------------ */
+/* stale shared-memory regions                                               */
+
+#include <dirent.h>
+
+/* libfabric's shm provider names an endpoint's region /dev/shm/<pid>:<n>:<m>.
+ * A process that dies without closing its endpoints leaves the file behind;
+ * when its pid is reused, libfabric 1.17 sees "its own" live pid in the stale
+ * region and fi_enable fails with EBUSY. Files named after a pid that is ours
+ * (or a child we reaped) cannot belong to anyone alive, so they go. */
+int ft_shm_cleanup(pid_t pid) {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return 0;
+  char prefix[32];
+  int plen = snprintf(prefix, sizeof prefix, "%d:", (int)pid);
+  int removed = 0;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, prefix, (size_t)plen) != 0) continue;
+    const char* p = e->d_name + plen;
+    int colons = 0, ok = *p != 0;
+    for (; *p && ok; p++) {
+      if (*p == ':') colons++;
+      else if (*p < '0' || *p > '9') ok = 0;
+    }
+    if (!ok || colons != 1) continue;
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+    if (unlink(path) == 0) removed++;
+  }
+  closedir(d);
+  return removed;
 }
 
 /* ------------------------------------------------------------------------ */

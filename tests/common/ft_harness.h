@@ -52,6 +52,10 @@ __attribute__((noreturn, format(printf, 3, 4))) void ft_fail_at(const char* file
                                      ft_log_last_warn());                                      \
   } while (0)
 
+/* A sentence added to every failure message while set (NULL clears it):
+ * what a failure at this point most likely means. */
+void ft_set_note(const char* note);
+
 /* What this process is doing, reported with failures and by the watchdog. */
 void ft_phase(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 const char* ft_role_name(void);
@@ -121,6 +125,12 @@ void ft_check_poison(const void* buf, size_t len, const char* what);
 /* Page-aligned buffer of at least len bytes (never NULL; len 0 gives a page). */
 void* ft_alloc(size_t len);
 void ft_free(void* buf, size_t len);
+
+/* --- environment hygiene --------------------------------------------------- */
+
+/* Removes /dev/shm/<pid>:<n>:<m> regions of libfabric's shm provider that a
+ * dead process with this pid left behind (see ft_harness.c); returns how many. */
+int ft_shm_cleanup(pid_t pid);
 
 /* --- sanitizer helpers ------------------------------------------------------ */
 

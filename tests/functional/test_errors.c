@@ -24,18 +24,28 @@ FT_PAIR_TEST(corrupt_handle, 60) {
   FT_OK(s.api->listen(s.ctx, s.dev, handle, &lc));
   ft_xchg(peer, "handle", handle, theirs, sizeof handle, T_MS);
 
-  enum { NV = 4 };
+  /* Gross corruption, then one flipped bit at a time across all 128 bytes
+   * (the handle carries a checksum of all of it: fab_wire.h). */
+  enum { NGROSS = 4, NBIT = FAB_HANDLE_SIZE / 8, NV = NGROSS + NBIT };
   unsigned char bad[NV][FAB_HANDLE_SIZE];
-  const char* desc[NV] = {"every byte inverted", "all zero", "first 16 bytes inverted", "random bytes"};
+  char desc[NV][48] = {"every byte inverted", "all zero", "first 16 bytes inverted", "random bytes"};
   for (int k = 0; k < FAB_HANDLE_SIZE; k++) {
     bad[0][k] = (unsigned char)~theirs[k];
     bad[1][k] = 0;
     bad[2][k] = k < 16 ? (unsigned char)~theirs[k] : theirs[k];
     bad[3][k] = (unsigned char)(ft_seed(7, (uint64_t)k, 0) >> 13);
   }
-  void* sc[NV] = {0};
+  for (int v = NGROSS; v < NV; v++) {
+    int off = (v - NGROSS) * 8 + (v % 8), bit = v % 8;
+    memcpy(bad[v], theirs, FAB_HANDLE_SIZE);
+    bad[v][off] ^= (unsigned char)(1u << bit);
+    snprintf(desc[v], sizeof desc[v], "bit %d of byte %d flipped", bit, off);
+  }
+  void* sc[NV];
   fab_result rc[NV];
-  int failed[NV] = {0};
+  int failed[NV];
+  memset(sc, 0, sizeof sc);
+  memset(failed, 0, sizeof failed);
   int w0 = ft_log_warns();
   ft_log_expect_warns(1);
   ft_phase("connect with corrupted handles");
@@ -141,6 +151,25 @@ FT_PAIR_TEST(bad_arguments, 60) {
   FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, NULL, &tag, &rm.mh, NULL, &req));
   FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, NULL, &len, &tag, &rm.mh, NULL, &req));
 
+  ft_phase("bad arguments: memory handles");
+  {
+    /* A buffer that runs past its registration. */
+    FT_EXPECT_ERROR(a->isend(c.send_comm, (char*)sm.buf + 4096 - 10, 64, tag, sm.mh, NULL, &req));
+    void* d2 = (char*)rm.buf + 4090;
+    size_t l2 = 64;
+    FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d2, &l2, &tag, &rm.mh, NULL, &req));
+    /* A handle that was deregistered already. */
+    void* stale = NULL;
+    FT_OK(a->reg_mr(c.send_comm, sm.buf, 4096, FAB_PTR_HOST, &stale));
+    FT_OK(a->dereg_mr(c.send_comm, stale));
+    FT_EXPECT_ERROR(a->isend(c.send_comm, sm.buf, 64, tag, stale, NULL, &req));
+    FT_EXPECT_ERROR(a->dereg_mr(c.send_comm, stale));
+    /* A comm of the wrong kind. */
+    FT_EXPECT_ERROR(a->isend(c.recv_comm, sm.buf, 64, tag, sm.mh, NULL, &req));
+    FT_EXPECT_ERROR(a->irecv(c.send_comm, 1, &d, &len, &tag, &rm.mh, NULL, &req));
+    FT_EXPECT_ERROR(a->accept(c.send_comm, &sc, &dh));
+  }
+
   ft_phase("bad arguments: test");
   FT_EXPECT_ERROR(a->test(NULL, &done, sizes));
 
@@ -162,7 +191,31 @@ FT_PAIR_TEST(bad_arguments, 60) {
   ft_mr_free(&s, &sm);
   ft_mr_free(&s, &rm);
   ft_sync(peer, "bad args done", T_MS);
+
+  ft_phase("bad arguments: close");
+  FT_EXPECT_ERROR(a->close_send(NULL));
+  FT_EXPECT_ERROR(a->close_recv(NULL));
+  FT_EXPECT_ERROR(a->close_listen(NULL));
+  FT_EXPECT_ERROR(a->close_send(c.recv_comm));
+  FT_EXPECT_ERROR(a->close_listen(c.send_comm));
+  ft_conn old = c;
   ft_close_all(&s, &c, 1);
+  /* Handles of closed comms: every use is an error, never a use-after-free. */
+  FT_EXPECT_ERROR(a->close_send(old.send_comm));
+  FT_EXPECT_ERROR(a->close_recv(old.recv_comm));
+  FT_EXPECT_ERROR(a->close_listen(old.listen_comm));
+  {
+    char b[64];
+    void* r2 = NULL;
+    void* db = b;
+    size_t l2 = sizeof b;
+    FT_EXPECT_ERROR(a->isend(old.send_comm, b, sizeof b, tag, NULL, NULL, &r2));
+    FT_EXPECT_ERROR(a->irecv(old.recv_comm, 1, &db, &l2, &tag, NULL, NULL, &r2));
+    void* mh2 = NULL;
+    FT_EXPECT_ERROR(a->reg_mr(old.send_comm, b, sizeof b, FAB_PTR_HOST, &mh2));
+    void* rc2 = NULL;
+    FT_EXPECT_ERROR(a->accept(old.listen_comm, &rc2, &dh));
+  }
   ft_side_close(&s);
 }
 
@@ -224,8 +277,12 @@ FT_PAIR_TEST(oversize, 60) {
 }
 
 /* A send larger than the matching receive: an error at test() on at least one
- * side, never a silent truncation, never a write past the receive buffer. */
-FT_PAIR_TEST(send_larger_than_recv, 60) {
+ * side, never a silent truncation, never a write past the receive buffer.
+ *
+ * strict (truncation_error_code): the side that reports the mismatch says
+ * ncclInvalidUsage, as nccl-abi.md §6 asks for size mismatches and as the
+ * engine maps FI_ETRUNC. Run as its own CTest entry while it is an open bug. */
+static void send_larger_body(ft_peer* peer, int strict) {
   enum { RLEN = 1000, SLEN = 2000, GUARD = 4096 };
   ft_side s;
   ft_side_open(&s, peer, ft_api_selected());
@@ -259,6 +316,8 @@ FT_PAIR_TEST(send_larger_than_recv, 60) {
     sched_yield();
   }
   ft_log_expect_warns(0);
+  fprintf(stderr, "[send_larger_than_recv %s %s] receive: rc %d done %d; send: rc %d done %d\n", s.lib.desc,
+          ft_role_name(), (int)rrc, rdone, (int)src, sdone);
   FT_CHECK(!(rrc == FAB_OK && rdone),
            "SILENT TRUNCATION: a %d-byte send into a %d-byte receive completed successfully (reported size %d)", SLEN,
            RLEN, sizes[0]);
@@ -267,15 +326,24 @@ FT_PAIR_TEST(send_larger_than_recv, 60) {
            (int)rrc, rdone, (int)src, sdone);
   FT_CHECK(ft_log_warns() > w0, "the size mismatch error was not logged as a WARN");
   ft_check_poison((char*)rm.buf + RLEN, GUARD, "truncated receive guard");
-  fprintf(stderr, "[send_larger_than_recv %s] receive: rc %d done %d; send: rc %d done %d\n", ft_role_name(),
-          (int)rrc, rdone, (int)src, sdone);
+  if (strict) {
+    FT_CHECK((rrc == FAB_OK || rrc == FAB_ERR_INVALID_USAGE) && (src == FAB_OK || src == FAB_ERR_INVALID_USAGE),
+             "ENGINE BUG (reported): a %d-byte send into a %d-byte receive failed with receive rc %d / send rc %d; a "
+             "size mismatch is ncclInvalidUsage (%d). With FI_PROVIDER=shm the provider reports the truncation as "
+             "err = -FI_ETRUNC (negative), which transports/sendrecv/sr.c record_error() does not recognise "
+             "(it compares err->err == FI_ETRUNC); last WARN: %s",
+             SLEN, RLEN, (int)rrc, (int)src, (int)FAB_ERR_INVALID_USAGE, ft_log_last_warn());
+  }
   ft_sync(peer, "mismatch seen", T_MS);
-  /* The comms are in error: closing them must be clean. */
-  ft_close_all(&s, &c, 1);
+  /* The comms are in error: NCCL deregisters, then closes; both must be clean. */
   ft_mr_free(&s, &sm);
   ft_mr_free(&s, &rm);
+  ft_close_all(&s, &c, 1);
   ft_side_close(&s);
 }
+
+FT_PAIR_TEST(send_larger_than_recv, 60) { send_larger_body(peer, 0); }
+FT_PAIR_TEST(truncation_error_code, 60) { send_larger_body(peer, 1); }
 
 /* Close with requests in flight: receives that will never match, sends the
  * peer never receives; close every comm; no crash, no leak, no hang. */
@@ -289,6 +357,24 @@ FT_PAIR_TEST(close_inflight, 60) {
   ft_mr_alloc(&s, &rm, c[0].recv_comm, (size_t)4 << 20);
   ft_fill(sm.buf, (size_t)4 << 20, 1);
   ft_phase("close in flight: post");
+  /* On comm 1: a grouped receive of which only the first buffer is ever
+   * matched (the peer sends that one and waits until it is sent). This comes
+   * first: comm_independence covers sends behind unmatched ones. */
+  int n = s.props.max_recvs < 3 ? s.props.max_recvs : 3;
+  ft_mr rm1;
+  ft_mr_alloc(&s, &rm1, c[1].recv_comm, 3 * 4096);
+  {
+    void* gd[3];
+    size_t gl[3] = {4096, 4096, 4096};
+    int gt[3] = {80, 81, 82};
+    void* gm[3];
+    for (int i = 0; i < 3; i++) gd[i] = (char*)rm1.buf + (size_t)i * 4096, gm[i] = rm1.mh;
+    (void)ft_irecv(&s, c[1].recv_comm, n, gd, gl, gt, gm, T_MS);
+  }
+  ft_mr sm1;
+  ft_mr_alloc(&s, &sm1, c[1].send_comm, 4096);
+  void* sreq = ft_isend(&s, c[1].send_comm, sm1.buf, 4096, 80, sm1.mh, T_MS);
+  ft_wait(&s, sreq, NULL, T_MS, "the one send a grouped receive gets");
   for (int k = 0; k < 4; k++) {
     int tag = 70 + k;
     size_t len = (size_t)1 << 20;
@@ -312,8 +398,12 @@ FT_PAIR_TEST(close_inflight, 60) {
   /* NCCL's proxy deregisters, then closes, with whatever is in flight. A
    * deregMr refused because of in-flight requests is acceptable (the close
    * must then release it); the buffers stay alive until after the close. */
+  ft_mr_free(&s, &sm1); /* its send completed */
   fab_result d1 = s.api->dereg_mr(sm.comm, sm.mh);
   fab_result d2 = s.api->dereg_mr(rm.comm, rm.mh);
+  fab_result d3 = s.api->dereg_mr(rm1.comm, rm1.mh);
+  if (d3 != FAB_OK) fprintf(stderr, "[close_inflight %s] deregMr of a partly received buffer returned %d\n",
+                            ft_role_name(), (int)d3);
   if (d1 != FAB_OK || d2 != FAB_OK)
     fprintf(stderr, "[close_inflight %s] deregMr with requests in flight returned %d/%d\n", ft_role_name(), (int)d1,
             (int)d2);
@@ -322,4 +412,48 @@ FT_PAIR_TEST(close_inflight, 60) {
   ft_side_close(&s); /* the provider may touch the buffers until the endpoint is gone */
   ft_free(sm.buf, sm.len);
   ft_free(rm.buf, rm.len);
+  ft_free(rm1.buf, rm1.len);
+}
+
+/* A handle from a plugin on another provider (the child runs shm when the
+ * parent runs tcp and the other way round): connect refuses it with a WARN
+ * on both sides (the handle names its provider: fab_wire.h). */
+static void foreign_handle_body(ft_peer* peer, void* arg) {
+  if (peer->role == FT_CHILD) {
+    int tcp = ft_provider_is("tcp");
+    setenv("FI_PROVIDER", tcp ? "shm" : "tcp", 1);
+    setenv("FABRIC_PROVIDER", tcp ? "shm" : "tcp", 1);
+    setenv("FI_TCP_IFACE", "lo", 1);
+  }
+  setenv("FABRIC_CONNECT_TIMEOUT_MS", "1500", 1);
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  void* lc = NULL;
+  unsigned char handle[FAB_HANDLE_SIZE], theirs[FAB_HANDLE_SIZE];
+  FT_OK(s.api->listen(s.ctx, s.dev, handle, &lc));
+  ft_xchg(peer, "handle", handle, theirs, sizeof handle, T_MS);
+  int w0 = ft_log_warns();
+  ft_log_expect_warns(1);
+  void* sc = NULL;
+  fab_result rc = FAB_OK;
+  int64_t deadline = ft_now_ms() + CONNECT_TIMEOUT_MS + 10000;
+  while (rc == FAB_OK && ft_now_ms() < deadline) {
+    void* dh = NULL;
+    rc = s.api->connect(s.ctx, s.dev, &s.config, theirs, &sc, &dh);
+    FT_CHECK(sc == NULL, "connect accepted a handle written by a plugin on another provider");
+    void* rcomm = NULL;
+    FT_OK(s.api->accept(lc, &rcomm, &dh));
+    FT_CHECK(rcomm == NULL, "accept produced a comm for a peer on another provider");
+  }
+  ft_log_expect_warns(0);
+  FT_CHECK(rc != FAB_OK, "connect with a handle from another provider neither failed nor connected");
+  FT_CHECK(ft_log_warns() > w0, "the refused handle was not logged as a WARN");
+  ft_sync(peer, "foreign done", T_MS);
+  FT_OK(s.api->close_listen(lc));
+  ft_side_close(&s);
+}
+
+Test(functional, foreign_handle, .init = ft_test_init, .timeout = 60) {
+  if (!ft_provider_is("tcp") && !ft_provider_is("shm")) cr_skip_test("needs FI_PROVIDER tcp or shm");
+  ft_run_pair("foreign_handle", foreign_handle_body, NULL, 40);
 }

@@ -68,6 +68,12 @@ Test(functional, properties, .init = ft_test_init, .timeout = 30) {
   int n2 = -1;
   FT_OK(s.api->devices(&n2));
   FT_CHECK(n2 == s.ndev, "devices() said %d, then %d", s.ndev, n2);
+  /* setNetAttr (v11+, optional): NCCL's hints are accepted. */
+  if (s.api->set_net_attr) {
+    fab_net_attr attr = {.send_attr = {1, 1, 2, 1}, .recv_attr = {1, 1, 2, 1}, .op = 1u << 2, .algo = 1u << 1,
+                         .proto = 1u << 2};
+    FT_OK(s.api->set_net_attr(s.ctx, &attr));
+  }
   /* Out of range devices are errors, with one WARN each. */
   fab_properties p;
   FT_EXPECT_ERROR(s.api->get_properties(-1, &p));

@@ -6,7 +6,7 @@
  * A second phase gives every thread its own context and connects across
  * contexts while the others transfer.
  *
- *   fabric-unit-threads [tcp|shm]   (exit 0 = pass)
+ *   fabric-unit-threads [tcp|shm] [phases 1|2|3] [threads]   (exit 0 = pass)
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -19,7 +19,8 @@
 extern const fab_api fab_api_core;
 static const fab_api* api = &fab_api_core;
 
-enum { T = 4, MSGS = 2000, INFLIGHT = 8, MAXSZ = 70000 };
+enum { TMAX = 16, MSGS = 2000, INFLIGHT = 8, MAXSZ = 70000 };
+static int T = 4;
 
 #define CHECK(c, ...)                                       \
   do {                                                      \
@@ -120,8 +121,8 @@ static void* run(void* arg) {
 static void phase(int own_ctx) {
   fab_ctx* shared;
   OK(api->init(&shared, 1, NULL, NULL, NULL));
-  worker w[T];
-  pthread_t th[T];
+  worker w[TMAX];
+  pthread_t th[TMAX];
   for (int i = 0; i < T; i++) {
     w[i].id = i;
     w[i].ctx = shared;
@@ -139,9 +140,12 @@ int main(int argc, char** argv) {
   const char* prov = argc > 1 ? argv[1] : "shm";
   setenv("FABRIC_PROVIDER", prov, 1);
   setenv("FI_TCP_IFACE", "lo", 1);
+  int phases = argc > 2 ? atoi(argv[2]) : 3; /* bit 0: shared context, bit 1: one context per thread */
+  if (argc > 3) T = atoi(argv[3]);
+  CHECK(T >= 1 && T <= TMAX, "1..%d threads", TMAX);
   double t0 = now_s();
-  phase(0);
-  phase(1);
+  if (phases & 1) phase(0);
+  if (phases & 2) phase(1);
   printf("threads %s: %d threads x %d messages, shared and own contexts: PASS (%.1f s)\n", prov, T, MSGS,
          now_s() - t0);
   return 0;
