@@ -4,8 +4,13 @@
  * One device per distinct (provider, domain) of the first acceptable
  * provider. The provider is chosen without FI_HMEM (so the default never
  * falls onto an intra-node provider just because it is the only one with
- * HMEM), then that same provider is asked again with FI_HMEM and
- * FI_MR_HMEM; its HMEM entries are used when it has them.
+ * HMEM). When the CUDA driver is usable, that same provider is asked again
+ * with FI_HMEM, FI_MR_HMEM and FI_REMOTE_COMM; its HMEM entries are used when
+ * it has them. FI_REMOTE_COMM keeps GPU memory off intra-host providers: NCCL
+ * carries intra-host GPU traffic itself, so they gain nothing, and libfabric
+ * 1.17's shm HMEM path lets one large send whose receive is not posted yet
+ * stall every other send of the endpoint (two channels of a NCCL broadcast
+ * then deadlock; seen on two H200s).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -31,7 +36,7 @@ static uint32_t api_version(void) {
 static struct fi_info* make_hints(const char* prov, int hmem) {
   struct fi_info* h = fi_allocinfo();
   if (!h) return NULL;
-  h->caps = FI_TAGGED | FI_MSG | (hmem ? FI_HMEM : 0);
+  h->caps = FI_TAGGED | FI_MSG | (hmem ? FI_HMEM | FI_REMOTE_COMM : 0);
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   h->ep_attr->type = FI_EP_RDM;
   h->domain_attr->threading = FI_THREAD_SAFE;
@@ -177,7 +182,7 @@ fab_result fab_devices_discover(void) {
   }
   char prov[128];
   snprintf(prov, sizeof(prov), "%s", first->fabric_attr->prov_name);
-  struct fi_info* hmem = query(prov, 1, &rc);
+  struct fi_info* hmem = fab_g.cuda_ok ? query(prov, 1, &rc) : NULL;
   struct fi_info* list = hmem ? hmem : all;
   for (const struct fi_info* fi = list; fi; fi = fi->next) {
     if (strcmp(fi->fabric_attr->prov_name, prov) || reject_reason(fi) || already_have(fi)) continue;

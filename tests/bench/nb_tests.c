@@ -63,7 +63,8 @@ static double run_pingpong(int m, bufset* s, bufset* r, size_t size, int iters, 
 
 typedef struct {
   void* req;
-  uint64_t msg; /* message index carried by this slot */
+  uint64_t msg;    /* message index carried by this slot */
+  uint64_t filled; /* send: message index + 1 whose pattern the buffer holds */
   int busy;
 } slot_t;
 
@@ -91,7 +92,10 @@ static double run_stream(int m, bufset* s, bufset* r, size_t size, int window, l
         slot_t* q = &ss[i];
         if (!q->busy && sent_posted < nmsg) {
           uint64_t msg = (uint64_t)sent_posted;
-          fill_samples(s->buf[i], size, tseed(msg, nb_rank));
+          if (q->filled != msg + 1) { /* once per message, not per "not now" retry */
+            fill_samples(s->buf[i], size, tseed(msg, nb_rank));
+            q->filled = msg + 1;
+          }
           void* req = NULL;
           chk(OPS(m)->isend(X(m), sc, s->buf[i], size, 2, s->mh[m][i], &req), m, "isend");
           if (req) {

@@ -10,9 +10,14 @@
  * the transport under test.
  *
  * Every measured point runs its repetitions interleaved, raw and plugin
- * alternating (raw,plugin / plugin,raw ...), and every transfer's data is
- * checked: sampled words with a per-iteration pattern on every transfer, and
- * one full-buffer transfer per point and mode.
+ * alternating (raw,plugin / plugin,raw ...; with --plugin-b a second plugin
+ * build joins the rotation), and every transfer's data is checked: sampled
+ * words with a per-iteration pattern on every transfer, and one full-buffer
+ * transfer per point and mode.
+ *
+ * Files: netbench.c (options, ranks, report), nb_harness.c (control channel,
+ * patterns, comms, buffers), nb_tests.c (the measurements), nb_raw.c and
+ * nb_plugin.c (the two transports), nb_util.c.
  */
 #define _GNU_SOURCE /* sched_setaffinity */
 #include <arpa/inet.h>
@@ -40,13 +45,13 @@ static const struct { const char* name; int bit; } test_names[] = {
     {"setup", T_SETUP}, {"mr", T_MR}, {"mem", T_MEM},
 };
 static char csv_path[4096];
+static int loopback = 1;
 
 static void on_signal(int sig) {
   nb_cleanup_shm();
   signal(sig, SIG_DFL);
   raise(sig);
 }
-static int loopback = 1;
 
 /* ------------------------------------------------------------------------ */
 /* Report.                                                                   */

@@ -4,7 +4,7 @@
  * regMr, isend/irecv/test), verify every byte and print the throughput and
  * the 8-byte round-trip latency.
  *
- *   fabric-demo [--total BYTES] [--msg BYTES] [--window N] [--iters N] [--plugin PATH]
+ *   fabric-demo [--total BYTES] [--msg BYTES] [--window N] [--iters N] [--plugin PATH | PATH]
  *
  * BYTES takes K/M/G suffixes. The provider comes from FABRIC_PROVIDER or
  * FI_PROVIDER; when neither is set the demo uses tcp on loopback
@@ -215,12 +215,16 @@ int main(int argc, char** argv) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-      printf("usage: %s [--total BYTES] [--msg BYTES] [--window N] [--iters N] [--plugin PATH]\n"
+      printf("usage: %s [--total BYTES] [--msg BYTES] [--window N] [--iters N] [--plugin PATH | PATH]\n"
              "Moves BYTES (default 1G) in --msg messages (default 4M) between two processes through the\n"
              "plugin's newest NCCL net table, verifies every byte, prints GB/s and the 8-byte round trip.\n"
              "Provider: FABRIC_PROVIDER or FI_PROVIDER; default tcp on loopback.\n",
              argv[0]);
       return 0;
+    }
+    if (a[0] != '-') { /* a bare argument is the plugin library */
+      setenv("FABRIC_TEST_PLUGIN", a, 1);
+      continue;
     }
     if (!v) {
       fprintf(stderr, "fabric-demo: %s needs a value\n", a);

@@ -27,14 +27,24 @@
 
 static void record_error(fab_req* r, fab_sub* s, const struct fi_cq_err_entry* err) {
   fab_comm* c = r->comm;
-  if (err->err == FI_ECANCELED || c->closing || r->result != FAB_OK) {
+  if (c->closing || r->result != FAB_OK) {
     if (r->result == FAB_OK) r->result = FAB_ERR_SYSTEM;
+    return;
+  }
+  char msg[512];
+  int tag = (int)(uint32_t)s->tag;
+  const char* dir = r->type == FAB_REQ_SEND ? "send" : "receive";
+  if (err->err == FI_ECANCELED) {
+    /* cancelled because the connection failed (fab_comm_fail) */
+    r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
+    snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s cancelled: %s", dir, s->size, tag,
+             r->type == FAB_REQ_SEND ? "to" : "from", c->peer_name,
+             c->error != FAB_OK ? c->error_why : "the operation was cancelled");
+    r->errmsg = strdup(msg);
     return;
   }
   char prov[192];
   fi_cq_strerror(c->ep->cq, err->prov_errno, err->err_data, prov, sizeof(prov));
-  char msg[512];
-  int tag = (int)(uint32_t)s->tag;
   if (err->err == FI_ETRUNC) {
     r->result = FAB_ERR_INVALID_USAGE;
     snprintf(msg, sizeof(msg),
@@ -44,8 +54,7 @@ static void record_error(fab_req* r, fab_sub* s, const struct fi_cq_err_entry* e
     s->got = err->len;
   } else {
     r->result = fab_result_from_fi(err->err);
-    snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s failed: %s (provider: %s)%s",
-             r->type == FAB_REQ_SEND ? "send" : "receive", s->size, tag, r->type == FAB_REQ_SEND ? "to" : "from",
+    snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s failed: %s (provider: %s)%s", dir, s->size, tag, r->type == FAB_REQ_SEND ? "to" : "from",
              c->peer_name, fi_strerror(err->err), prov,
              r->result == FAB_ERR_REMOTE ? "; the peer process probably exited or lost its network" : "");
   }
