@@ -121,6 +121,9 @@ static fab_result read_error(fab_endpoint* ep) {
   ssize_t rc = fi_cq_readerr(ep->cq, &err, 0);
   if (rc == -FI_EAGAIN) return FAB_OK;
   if (rc < 0) return cq_failed(ep, "fi_cq_readerr", rc);
+  /* The API says err is a positive errno; libfabric 1.17's shm reports some
+   * (FI_ETRUNC) negated. Normalise once here so every handler can compare. */
+  if (err.err < 0) err.err = -err.err;
   fab_op* op = err.op_context;
   if (op) {
     op->fn(op, NULL, &err);

@@ -13,6 +13,7 @@
  */
 #include "nb.h"
 
+#include <dlfcn.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -113,9 +114,10 @@ static void raw_progress(raw_state* r) {
 
 /* The hints the plugin uses (core/fab_device.c make_hints/query): RDM,
  * FI_TAGGED|FI_MSG, FI_CONTEXT|FI_CONTEXT2, FI_THREAD_SAFE, SAS ordering,
- * mr_mode LOCAL|ALLOCATED|PROV_KEY|VIRT_ADDR; then the same query with FI_HMEM
- * (+FI_MR_HMEM) for the chosen provider, whose entry wins when granted.
- * "nohmem" skips the second query; "minimal" asks only for FI_TAGGED. */
+ * mr_mode LOCAL|ALLOCATED|PROV_KEY|VIRT_ADDR; then, only when the CUDA driver
+ * is usable, the same query with FI_HMEM|FI_REMOTE_COMM (+FI_MR_HMEM) for the
+ * chosen provider, whose entry wins when granted. "nohmem" skips the second
+ * query; "minimal" asks only for FI_TAGGED. */
 static struct fi_info* raw_hints(const nb_xport_opts* o, const char* prov, int hmem) {
   struct fi_info* h = fi_allocinfo();
   if (!h) nb_die("fi_allocinfo");
@@ -123,7 +125,7 @@ static struct fi_info* raw_hints(const nb_xport_opts* o, const char* prov, int h
   h->caps = FI_TAGGED;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   if (o->raw_hints != NB_RAW_HINTS_MINIMAL) {
-    h->caps |= FI_MSG | (hmem ? FI_HMEM : 0);
+    h->caps |= FI_MSG | (hmem ? FI_HMEM | FI_REMOTE_COMM : 0);
     h->domain_attr->threading = FI_THREAD_SAFE;
     h->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR | (hmem ? FI_MR_HMEM : 0);
@@ -134,13 +136,25 @@ static struct fi_info* raw_hints(const nb_xport_opts* o, const char* prov, int h
   return h;
 }
 
+/* The plugin's test (core/fab_cuda.c): libcuda loads, cuInit(0) and
+ * cuDeviceGetCount succeed with at least one device. */
+static int cuda_usable(void) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return 0;
+  int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
+  int (*count)(int*) = (int (*)(int*))dlsym(lib, "cuDeviceGetCount");
+  int n = 0;
+  int ok = init && count && init(0) == 0 && count(&n) == 0 && n > 0;
+  return ok; /* stays loaded, as in the plugin */
+}
+
 static struct fi_info* raw_getinfo(const nb_xport_opts* o) {
   struct fi_info* hints = raw_hints(o, o->provider, 0);
   struct fi_info* info = NULL;
   int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
   fi_freeinfo(hints);
   if (rc) nb_die("raw: fi_getinfo(provider %s): %d (%s)", o->provider ? o->provider : "(any)", rc, fi_strerror(-rc));
-  if (o->raw_hints != NB_RAW_HINTS_PLUGIN) return info;
+  if (o->raw_hints != NB_RAW_HINTS_PLUGIN || !cuda_usable()) return info;
   struct fi_info* hinfo = NULL;
   hints = raw_hints(o, info->fabric_attr->prov_name, 1);
   rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &hinfo);

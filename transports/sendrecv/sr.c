@@ -47,10 +47,13 @@ static void record_error(fab_req* r, fab_sub* s, const struct fi_cq_err_entry* e
   fi_cq_strerror(c->ep->cq, err->prov_errno, err->err_data, prov, sizeof(prov));
   if (err->err == FI_ETRUNC) {
     r->result = FAB_ERR_INVALID_USAGE;
+    /* olen (the bytes that did not fit) is 0 when the provider does not know it */
+    char excess[64] = "";
+    if (err->olen) snprintf(excess, sizeof(excess), " (%zu bytes more than the buffer holds)", err->olen);
     snprintf(msg, sizeof(msg),
-             "receive of %zu bytes (tag %d) from %s was truncated: the peer sent %zu bytes more than the buffer "
-             "holds; a send must not be larger than its receive",
-             s->size, tag, c->peer_name, err->olen);
+             "receive of %zu bytes (tag %d) from %s was truncated: the peer sent a larger message%s; a send must "
+             "not be larger than its receive",
+             s->size, tag, c->peer_name, excess);
     s->got = err->len;
   } else {
     r->result = fab_result_from_fi(err->err);
