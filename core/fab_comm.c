@@ -152,6 +152,20 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
     return FAB_ERR_INTERNAL;
   }
   fab_endpoint* ep = c->ep;
+  if (c->home) {
+    /* The comm's own endpoint goes with it: closing the endpoint stops
+     * whatever is in flight, then its teardown frees the comm. */
+    pthread_mutex_lock(&c->home->lock);
+    fab_list_del(&ep->private_node);
+    pthread_mutex_unlock(&c->home->lock);
+    pthread_mutex_lock(&ep->lock);
+    fab_list_del(&c->park.node);
+    c->closing = 1;
+    fab_ep_park(ep, &c->park);
+    pthread_mutex_unlock(&ep->lock);
+    fab_endpoint_destroy(ep);
+    return FAB_OK;
+  }
   pthread_mutex_lock(&ep->lock);
   fab_list_del(&c->park.node);
   c->closing = 1;

@@ -17,6 +17,12 @@
  *  4. accept: pop a request, create the recv comm with a connection id unique
  *     on this endpoint, send the answer, return the comm.
  *  5. connect sees the answer: the send comm tags its data with that id.
+ *
+ * On local-only providers (no FI_REMOTE_COMM, i.e. shm) each connect runs on
+ * a new endpoint that then belongs to the send comm: such providers complete
+ * sends to one peer in order, so comms sharing an endpoint would wait on each
+ * other's unmatched sends. The pending connect is still listed on the shared
+ * endpoint (home), where NCCL's retries look it up.
  */
 #ifndef FAB_CONN_H
 #define FAB_CONN_H
@@ -53,8 +59,9 @@ typedef struct fab_listener {
 /* A connect in progress, found again by the handle buffer NCCL passes on
  * every retry. */
 typedef struct fab_pending {
-  fab_parked park; /* ep->connects while pending, ep->parked once abandoned */
-  fab_endpoint* ep;
+  fab_parked park; /* home->connects while pending, ep->parked once abandoned */
+  fab_endpoint* home; /* the context's endpoint: where NCCL's retries find it */
+  fab_endpoint* ep;   /* where its operations run: home, or the comm's own */
   const void* handle_ptr;
   uint8_t handle_copy[FAB_HANDLE_SIZE];
   fab_comm* comm;
@@ -66,6 +73,8 @@ typedef struct fab_pending {
   int req_err, ans_err;     /* fi errno of a failed completion */
   size_t ans_len;
   int64_t deadline_ms;
+  uint8_t peer_addr[FAB_ADDR_MAX]; /* the listener's address, from the handle */
+  size_t peer_addr_len;
   fab_op req_op, ans_op;
   struct fid_mr* mr;
   void* desc;
@@ -80,8 +89,10 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, c
 uint32_t fab_conn_id_next(fab_endpoint* ep);
 /* Sends an answer refusing a connect request; best effort. ep lock held. */
 void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status);
-/* Moves a pending connect out of the way (cancel, park or free). ep lock held. */
-void fab_pending_retire(fab_pending* pc);
+/* Takes a pending connect off home->connects (home lock held, not ep's):
+ * frees it now or parks it until its operations complete; after a failure
+ * (ok == 0) a private endpoint goes with it. */
+void fab_pending_retire(fab_pending* pc, int ok);
 
 /* fab_listener.c */
 void fab_listen_teardown(fab_endpoint* ep);

@@ -36,10 +36,7 @@ static void ans_done(fab_op* op, const struct fi_cq_msg_entry* done, const struc
   pending_op_done(pc);
 }
 
-/* Takes a pending connect off the pending list: cancels its answer receive
- * and frees it now, or once its operations complete. ep lock held. */
-void fab_pending_retire(fab_pending* pc) {
-  fab_list_del(&pc->park.node);
+static void retire_locked(fab_pending* pc) {
   if (pc->inflight == 0) {
     pending_free(pc);
     return;
@@ -55,6 +52,28 @@ void fab_pending_retire(fab_pending* pc) {
   fab_ep_park(pc->ep, &pc->park);
 }
 
+void fab_pending_retire(fab_pending* pc, int ok) {
+  fab_list_del(&pc->park.node);
+  fab_endpoint* ep = pc->ep;
+  if (ep == pc->home) {
+    retire_locked(pc);
+    return;
+  }
+  if (!ok) {
+    /* The private endpoint served this connect only: closing it stops its
+     * operations, and its teardown frees the parked connect. */
+    fab_list_del(&ep->private_node);
+    pthread_mutex_lock(&ep->lock);
+    fab_ep_park(ep, &pc->park);
+    pthread_mutex_unlock(&ep->lock);
+    fab_endpoint_destroy(ep);
+    return;
+  }
+  pthread_mutex_lock(&ep->lock);
+  retire_locked(pc);
+  pthread_mutex_unlock(&ep->lock);
+}
+
 static fab_pending* find_pending(fab_endpoint* ep, const void* handle) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
     fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
@@ -67,7 +86,7 @@ static fab_pending* find_pending(fab_endpoint* ep, const void* handle) {
 static void sweep_expired(fab_endpoint* ep, int64_t now) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
     fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
-    if (now > pc->deadline_ms + 1000) fab_pending_retire(pc);
+    if (now > pc->deadline_ms + 1000) fab_pending_retire(pc, 0);
   }
 }
 
@@ -83,7 +102,19 @@ static uint32_t connector_id_next(fab_endpoint* ep) {
   }
 }
 
-static fab_result start(fab_endpoint* ep, fab_device* d, const fab_comm_config* config, const void* handle,
+/* Where the connect's operations run: the shared endpoint, or for
+ * local-only providers a new endpoint that becomes the send comm's own (see
+ * fab_device.c). Doing the whole handshake from it lets the listener's
+ * provider learn its address before any data flows. */
+static fab_result pick_endpoint(fab_endpoint* home, fab_endpoint** out) {
+  *out = home;
+  if (!home->dev->local_only) return FAB_OK;
+  fab_result rc = fab_endpoint_create(home->ctx, home->dev, out);
+  if (rc == FAB_OK) fab_list_push(&home->privates, &(*out)->private_node);
+  return rc;
+}
+
+static fab_result start(fab_endpoint* home, fab_device* d, const fab_comm_config* config, const void* handle,
                         fab_pending** out) {
   fab_wire_handle h;
   char why[160];
@@ -91,44 +122,55 @@ static fab_result start(fab_endpoint* ep, fab_device* d, const fab_comm_config* 
     FAB_WARN("connect: invalid handle: %s. Pass the 128 bytes listen() wrote, unchanged", why);
     return FAB_ERR_INVALID_USAGE;
   }
-  if (h.prov_hash != ep->dev->prov_hash) {
+  if (h.prov_hash != home->dev->prov_hash) {
     FAB_WARN("connect: the handle comes from a listener on another provider than %s; both ranks must use the "
-             "same provider (FABRIC_PROVIDER / FI_PROVIDER)", fab_device_provider(ep->dev));
+             "same provider (FABRIC_PROVIDER / FI_PROVIDER)", fab_device_provider(home->dev));
     return FAB_ERR_INVALID_USAGE;
   }
   fab_pending* pc = calloc(1, sizeof(*pc));
-  fab_comm* c = pc ? fab_comm_alloc(ep, d, FAB_OBJ_SEND, config) : NULL;
-  if (!c) {
-    if (!pc) FAB_WARN("connect: out of memory");
-    free(pc);
+  if (!pc) {
+    FAB_WARN("connect: out of memory");
     return FAB_ERR_SYSTEM;
   }
-  pc->ep = ep;
-  pc->comm = c;
+  pc->home = home;
   pc->park.destroy = pending_destroy;
   fab_list_init(&pc->park.node);
+  fab_result rc = pick_endpoint(home, &pc->ep);
+  if (rc != FAB_OK) {
+    free(pc);
+    return rc;
+  }
+  fab_endpoint* ep = pc->ep;
   pc->handle_ptr = handle;
   memcpy(pc->handle_copy, handle, FAB_HANDLE_SIZE);
   pc->listen_id = h.listen_id;
-  int rc = fab_ep_av_insert(ep, h.addr, h.addr_len, &c->peer);
-  if (rc != 0) {
+  memcpy(pc->peer_addr, h.addr, h.addr_len);
+  pc->peer_addr_len = h.addr_len;
+  fab_list_push(&home->connects, &pc->park.node); /* from here on, retire cleans up */
+  pc->comm = fab_comm_alloc(ep, d, FAB_OBJ_SEND, config);
+  if (!pc->comm) {
+    fab_pending_retire(pc, 0);
+    return FAB_ERR_SYSTEM;
+  }
+  fab_comm* c = pc->comm;
+  int frc = fab_ep_av_insert(ep, h.addr, h.addr_len, &c->peer);
+  if (frc != 0) {
     FAB_WARN("connect: the listener's address in the handle is unusable on %s: %s", ep->dev->name,
-             fi_strerror(-rc));
-    pending_free(pc);
+             fi_strerror(-frc));
+    fab_pending_retire(pc, 0);
     return FAB_ERR_INVALID_USAGE;
   }
   if (fab_ep_ctrl_reg(ep, &pc->msg, sizeof(pc->msg), &pc->mr, &pc->desc) != 0) {
     FAB_WARN("connect: registering the handshake buffers on %s failed", ep->dev->name);
-    pending_free(pc);
+    fab_pending_retire(pc, 0);
     return FAB_ERR_SYSTEM;
   }
   fab_ep_peer_name(ep, c->peer, c->peer_name, sizeof(c->peer_name));
-  pc->connector_id = connector_id_next(ep);
+  pc->connector_id = connector_id_next(home);
   fab_op_init(&pc->req_op, req_done, pc, 0);
   fab_op_init(&pc->ans_op, ans_done, pc, 1);
   fab_wire_connect_encode(&pc->msg.req, h.listen_id, pc->connector_id, ep->addr, ep->addr_len);
   pc->deadline_ms = fab_now_ms() + fab_g.params.connect_timeout_ms;
-  fab_list_push(&ep->connects, &pc->park.node);
   *out = pc;
   return FAB_OK;
 }
@@ -202,8 +244,9 @@ static fab_result finish(fab_pending* pc, void** send_comm) {
     FAB_WARN("connect: handle table full; close unused comms");
     return FAB_ERR_SYSTEM;
   }
+  if (pc->ep != pc->home) c->home = pc->home; /* the comm owns its endpoint now */
   pc->comm = NULL;
-  fab_list_push(&pc->ep->comms, &c->park.node);
+  fab_list_push(&c->ep->comms, &c->park.node);
   FAB_INFO(FAB_SUBSYS_NET, "connected to %s on %s as connection %u", c->peer_name, c->dev->name, c->conn_id);
   *send_comm = c->handle;
   return FAB_OK;
@@ -218,25 +261,30 @@ fab_result fab_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config* conf
   fab_ctx* ctx = fab_ctx_resolve(ctx_handle, "connect");
   fab_device* d = ctx ? fab_device_get(dev, "connect") : NULL;
   if (!d) return FAB_ERR_INTERNAL;
-  fab_endpoint* ep;
-  fab_result rc = fab_endpoint_get(ctx, d, &ep);
+  fab_endpoint* home;
+  fab_result rc = fab_endpoint_get(ctx, d, &home);
   if (rc != FAB_OK) return rc;
-  pthread_mutex_lock(&ep->lock);
+  pthread_mutex_lock(&home->lock);
   int64_t now = fab_now_ms();
-  sweep_expired(ep, now);
-  fab_pending* pc = find_pending(ep, handle);
-  if (!pc) rc = start(ep, d, config, handle, &pc);
-  if (rc == FAB_OK) rc = post(pc);
-  if (rc == FAB_OK) rc = fab_ep_progress_locked(ep);
+  sweep_expired(home, now);
+  fab_pending* pc = find_pending(home, handle);
+  if (!pc) rc = start(home, d, config, handle, &pc);
   int done = 0;
-  if (rc == FAB_OK) rc = check_answer(pc, &done);
-  if (rc == FAB_OK && done) rc = finish(pc, send_comm);
-  if (rc == FAB_OK && !done && now > pc->deadline_ms) {
-    FAB_WARN("connect to %s timed out after %d ms without an answer; check that the peer is alive and calls accept, "
-             "or raise FABRIC_CONNECT_TIMEOUT_MS", pc->comm->peer_name, fab_g.params.connect_timeout_ms);
-    rc = FAB_ERR_SYSTEM;
+  if (rc == FAB_OK) {
+    fab_endpoint* ep = pc->ep; /* lock order: home, then the private endpoint */
+    if (ep != home) pthread_mutex_lock(&ep->lock);
+    rc = post(pc);
+    if (rc == FAB_OK) rc = fab_ep_progress_locked(ep);
+    if (rc == FAB_OK) rc = check_answer(pc, &done);
+    if (rc == FAB_OK && done) rc = finish(pc, send_comm);
+    if (rc == FAB_OK && !done && now > pc->deadline_ms) {
+      FAB_WARN("connect to %s timed out after %d ms without an answer; check that the peer is alive and calls "
+               "accept, or raise FABRIC_CONNECT_TIMEOUT_MS", pc->comm->peer_name, fab_g.params.connect_timeout_ms);
+      rc = FAB_ERR_SYSTEM;
+    }
+    if (ep != home) pthread_mutex_unlock(&ep->lock);
+    if (done || rc != FAB_OK) fab_pending_retire(pc, rc == FAB_OK);
   }
-  if (pc && (done || rc != FAB_OK)) fab_pending_retire(pc);
-  pthread_mutex_unlock(&ep->lock);
+  pthread_mutex_unlock(&home->lock);
   return rc;
 }

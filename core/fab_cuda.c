@@ -21,9 +21,11 @@ enum {
 #ifdef FAB_HAVE_CUDA_H
 #include <cuda.h>
 _Static_assert((int)CU_POINTER_ATTRIBUTE_MEMORY_TYPE == (int)FAB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, "cuda.h value");
-_Static_assert((int)CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL == (int)FAB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, "cuda.h value");
+_Static_assert((int)CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL == (int)FAB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+               "cuda.h value");
 _Static_assert((int)CU_MEMORYTYPE_DEVICE == (int)FAB_CU_MEMORYTYPE_DEVICE, "cuda.h value");
-_Static_assert((int)CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX == (int)FAB_CU_FLUSH_TARGET_CURRENT_CTX, "cuda.h value");
+_Static_assert((int)CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX == (int)FAB_CU_FLUSH_TARGET_CURRENT_CTX,
+               "cuda.h value");
 _Static_assert((int)CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER == (int)FAB_CU_FLUSH_TO_OWNER, "cuda.h value");
 #endif
 

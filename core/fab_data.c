@@ -6,6 +6,12 @@
 #include "fab_mr.h"
 #include "fab_transport.h"
 
+#ifdef FI_MR_DMABUF
+#define DMABUF_WHY ""
+#else
+#define DMABUF_WHY ": this build's libfabric has no FI_MR_DMABUF"
+#endif
+
 static fab_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char* fn) {
   fab_comm* c = fab_obj_get(handle, kind);
   if (FAB_LIKELY(c != NULL)) return c;
@@ -44,13 +50,7 @@ fab_result fab_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint
   fab_comm* c = fab_obj_get(comm, k);
   if (!(c->dev->props.ptr_support & FAB_PTR_DMABUF)) {
     FAB_WARN("regMrDmaBuf: device %s does not support dma-buf registration (not advertised in ptrSupport%s); use "
-             "regMr", c->dev->name,
-#ifdef FI_MR_DMABUF
-             ""
-#else
-             ": this build's libfabric has no FI_MR_DMABUF"
-#endif
-    );
+             "regMr", c->dev->name, DMABUF_WHY);
     return FAB_ERR_INTERNAL;
   }
   if (fd < 0) return fab_mr_register(c, data, size, type, 0, -1, mhandle, "regMrDmaBuf");
@@ -127,7 +127,8 @@ fab_result fab_test(void* request, int* done, int* sizes) {
   if (FAB_UNLIKELY(!done)) return fab_bad_argument("test", "done", 0, "a non-NULL pointer");
   *done = 0;
   fab_req* r = request;
-  if (FAB_UNLIKELY((uintptr_t)r < 4096 || ((uintptr_t)r & 7) || r->magic != FAB_REQ_MAGIC || r->state != FAB_REQ_ACTIVE)) {
+  if (FAB_UNLIKELY((uintptr_t)r < 4096 || ((uintptr_t)r & 7) || r->magic != FAB_REQ_MAGIC ||
+                   r->state != FAB_REQ_ACTIVE)) {
     FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);
     return FAB_ERR_INTERNAL;
   }

@@ -33,10 +33,12 @@ static uint32_t api_version(void) {
   return running < built ? running : built;
 }
 
-static struct fi_info* make_hints(const char* prov, int hmem) {
+/* extra: FI_HMEM and/or FI_REMOTE_COMM on top of the base capabilities. */
+static struct fi_info* make_hints(const char* prov, uint64_t extra) {
   struct fi_info* h = fi_allocinfo();
   if (!h) return NULL;
-  h->caps = FI_TAGGED | FI_MSG | (hmem ? FI_HMEM | FI_REMOTE_COMM : 0);
+  int hmem = !!(extra & FI_HMEM);
+  h->caps = FI_TAGGED | FI_MSG | extra;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   h->ep_attr->type = FI_EP_RDM;
   h->domain_attr->threading = FI_THREAD_SAFE;
@@ -48,8 +50,8 @@ static struct fi_info* make_hints(const char* prov, int hmem) {
   return h;
 }
 
-static struct fi_info* query(const char* prov, int hmem, int* rc) {
-  struct fi_info* hints = make_hints(prov, hmem);
+static struct fi_info* query(const char* prov, uint64_t extra, int* rc) {
+  struct fi_info* hints = make_hints(prov, extra);
   struct fi_info* info = NULL;
   if (!hints) {
     *rc = -FI_ENOMEM;
@@ -182,12 +184,18 @@ fab_result fab_devices_discover(void) {
   }
   char prov[128];
   snprintf(prov, sizeof(prov), "%s", first->fabric_attr->prov_name);
-  struct fi_info* hmem = fab_g.cuda_ok ? query(prov, 1, &rc) : NULL;
+  struct fi_info* hmem = fab_g.cuda_ok ? query(prov, FI_HMEM | FI_REMOTE_COMM, &rc) : NULL;
+  /* A provider that cannot reach other hosts (shm) completes sends to one
+   * peer in order, so one comm's unmatched large send would hold up every
+   * other comm's sends on a shared endpoint: send comms get their own. */
+  struct fi_info* remote = query(prov, FI_REMOTE_COMM, &rc);
   struct fi_info* list = hmem ? hmem : all;
   for (const struct fi_info* fi = list; fi; fi = fi->next) {
     if (strcmp(fi->fabric_attr->prov_name, prov) || reject_reason(fi) || already_have(fi)) continue;
     if (add_device(fi) != 0) break;
+    fab_g.devs[fab_g.nphys - 1]->local_only = remote == NULL;
   }
+  fi_freeinfo(remote);
   fi_freeinfo(hmem);
   fi_freeinfo(all);
   if (fab_g.nphys == 0) {

@@ -54,6 +54,8 @@ fab_result fab_endpoint_create(fab_ctx* ctx, fab_device* dev, fab_endpoint** out
   fab_list_init(&ep->connects);
   fab_list_init(&ep->comms);
   fab_list_init(&ep->parked);
+  fab_list_init(&ep->privates);
+  fab_list_init(&ep->private_node);
   ep->next_conn_id = 1;
   ep->next_connector_id = 1;
   ep->cq_batch = fab_g.params.cq_read_count;
@@ -96,6 +98,10 @@ fab_result fab_endpoint_create(fab_ctx* ctx, fab_device* dev, fab_endpoint** out
 
 void fab_endpoint_destroy(fab_endpoint* ep) {
   if (!ep) return;
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->privates) {
+    fab_list_del(it);
+    fab_endpoint_destroy(FAB_CONTAINER_OF(it, fab_endpoint, private_node));
+  }
   /* Closing the endpoint first guarantees libfabric no longer references any
    * context or buffer of ours; only then is everything freed. */
   if (ep->ep) fi_close(&ep->ep->fid);

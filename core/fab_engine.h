@@ -8,7 +8,9 @@
  *        +- endpoint[]   per physical device, created on first use:
  *            |           ep + CQ + AV + lock, handshake state
  *            +- listen comms, pending connects, send/recv comms,
- *               parked objects (closed, waiting for completions)
+ *            |  parked objects (closed, waiting for completions)
+ *            +- private endpoints: one per send comm on local-only
+ *               providers (shm), owned by the comm
  *
  * Every libfabric operation carries a fab_op as its context; completions are
  * dispatched through fab_op.fn. CQ reads and all handshake state of an
@@ -92,6 +94,7 @@ typedef struct fab_device {
   int mr_hmem;           /* FI_MR_HMEM: device memory needs registration */
   int prov_key;          /* FI_MR_PROV_KEY granted */
   int hmem;              /* FI_HMEM granted */
+  int local_only;        /* no FI_REMOTE_COMM: each send comm gets its own endpoint */
   uint32_t prov_hash;
   fab_properties props;
   char name[FAB_NAME_MAX];
@@ -143,6 +146,9 @@ struct fab_endpoint {
   uint32_t next_connector_id;
   fab_av_entry* av_cache;
   size_t av_count, av_cap;
+  /* private endpoints of send comms (local-only providers), owned here */
+  fab_list privates;
+  fab_list private_node;
 };
 
 /* --- comms and requests --------------------------------------------------- */
@@ -192,6 +198,7 @@ struct fab_comm {
   size_t max_bytes;
   int mr_local;
   int closing;
+  fab_endpoint* home; /* ctx endpoint that owns ep when ep is the comm's own */
   _Atomic fab_result error; /* sticky failure of the connection itself (set under ep lock) */
   char error_why[160];
   fab_comm_config config;
@@ -202,11 +209,11 @@ struct fab_comm {
   fab_op answer_op;     /* recv: the accept answer in flight */
   fab_wire_accept answer;
   struct fid_mr* answer_mr;
-  /* peer liveness (ep lock, except stall_polls: the testing thread's) */
+  /* peer liveness (ep lock; stall_polls is a relaxed counter of not-done tests) */
   uint64_t ncompl, ncompl_seen;
   int64_t stall_since_ms, last_probe_ms;
   int probe_posted;
-  uint32_t stall_polls;
+  _Atomic uint32_t stall_polls;
   fab_op probe_op;
   char peer_name[96];
 };
@@ -251,8 +258,8 @@ void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);
 enum { FAB_STALL_POLLS = 256, FAB_PROBE_INTERVAL_MS = 1000 };
 void fab_comm_check_peer(fab_comm* c);
 static inline void fab_comm_stalled(fab_comm* c) {
-  if (FAB_UNLIKELY(++c->stall_polls >= FAB_STALL_POLLS)) {
-    c->stall_polls = 0;
+  if (FAB_UNLIKELY(atomic_fetch_add_explicit(&c->stall_polls, 1, memory_order_relaxed) + 1 >= FAB_STALL_POLLS)) {
+    atomic_store_explicit(&c->stall_polls, 0, memory_order_relaxed);
     fab_comm_check_peer(c);
   }
 }

@@ -45,7 +45,7 @@ int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, siz
     return -1;
   }
   if (h.version != FAB_WIRE_VERSION) {
-    WHY("protocol version %u, this build speaks %u (mixed plugin versions?)", h.version, FAB_WIRE_VERSION);
+    WHY("protocol version %u, this build speaks %u (mixed plugin versions?)", h.version, (unsigned)FAB_WIRE_VERSION);
     return -1;
   }
   if (check_sum(&h, &h.checksum, sizeof(h)) != 0) {

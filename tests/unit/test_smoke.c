@@ -339,3 +339,75 @@ PAIR_TEST(peer_death, 60) {
   free(rb);
   free(sb);
 }
+
+/* Connecting to a listen comm that was closed is refused: the connector fails
+ * fast with one WARN instead of waiting for FABRIC_CONNECT_TIMEOUT_MS. */
+PAIR_TEST(refused, 60) {
+  ut_use_provider(prov);
+  ut_pair p;
+  ut_pair_start(&p);
+  fab_ctx* ctx;
+  UT_OK(fab_api_core.init(&ctx, 1, NULL, ut_logger, NULL));
+  unsigned char mine[FAB_HANDLE_SIZE], theirs[FAB_HANDLE_SIZE];
+  void *l, *keep;
+  unsigned char h2[FAB_HANDLE_SIZE];
+  UT_OK(fab_api_core.listen(ctx, 0, h2, &keep)); /* the endpoint stays up */
+  UT_OK(fab_api_core.listen(ctx, 0, mine, &l));
+  UT_OK(fab_api_core.close_listen(l));
+  ut_pair_send(&p, mine, sizeof(mine));
+  ut_pair_recv(&p, theirs, sizeof(theirs));
+  void* sc = NULL;
+  fab_result rc = FAB_OK;
+  int64_t t0 = ut_now_ms();
+  ut_reset_warns();
+  while (rc == FAB_OK && !sc && ut_now_ms() - t0 < 20000) {
+    rc = fab_api_core.connect(ctx, 0, NULL, theirs, &sc, NULL);
+    void* none = NULL;
+    UT_OK(fab_api_core.accept(keep, &none, NULL)); /* keep our side progressing */
+    UT_CHECK(none == NULL, "nobody connects to this listen comm");
+  }
+  UT_CHECK(rc == FAB_ERR_REMOTE && !sc, "connect to a closed listen comm: rc %d comm %p after %lld ms", rc, sc,
+           (long long)(ut_now_ms() - t0));
+  UT_CHECK(ut_warns() == 1, "%d WARN lines for one refusal", ut_warns());
+  ut_pair_sync(&p);
+  UT_OK(fab_api_core.close_listen(keep));
+  UT_OK(fab_api_core.finalize(ctx));
+  ut_pair_finish(&p);
+}
+
+/* finalize with comms, requests and registrations left open (the runtime
+ * gave up): everything is released (ASan: no leak), and the stale handles
+ * are refused afterwards instead of crashing. */
+PAIR_TEST(finalize_with_open_comms, 60) {
+  ut_use_provider(prov);
+  ut_pair p;
+  ut_pair_start(&p);
+  ut_side s;
+  ut_side_open(&s, &p);
+  enum { LEN = 1 << 20 };
+  char* rb = malloc(LEN);
+  char* sb = calloc(1, LEN);
+  void *rmh, *smh;
+  UT_OK(s.api->reg_mr(s.recv_comm, rb, LEN, FAB_PTR_HOST, &rmh));
+  UT_OK(s.api->reg_mr(s.send_comm, sb, LEN, FAB_PTR_HOST, &smh));
+  void* d = rb;
+  size_t sz = LEN;
+  int tag = 5;
+  void* rq = ut_irecv(&s, s.recv_comm, 1, &d, &sz, &tag, &rmh);
+  void* sq = NULL;
+  UT_OK(s.api->isend(s.send_comm, sb, 100, 6, smh, NULL, &sq)); /* never received */
+  ut_pair_sync(&p);
+  UT_OK(s.api->finalize(s.ctx));
+  /* The engine is down (its logger too: these WARNs go to stderr). */
+  void* q = (void*)0x1;
+  UT_CHECK(s.api->isend(s.send_comm, sb, 10, 1, smh, NULL, &q) != FAB_OK && q == NULL, "isend on a finalized comm");
+  UT_CHECK(s.api->close_recv(s.recv_comm) != FAB_OK, "closeRecv after finalize");
+  UT_CHECK(s.api->dereg_mr(s.send_comm, smh) != FAB_OK, "deregMr after finalize");
+  int done = 0;
+  UT_CHECK(s.api->test(NULL, &done, NULL) != FAB_OK, "test(NULL)");
+  (void)rq;
+  ut_pair_sync(&p);
+  free(rb);
+  free(sb);
+  ut_pair_finish(&p);
+}

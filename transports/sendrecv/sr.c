@@ -57,14 +57,24 @@ static void record_error(fab_req* r, fab_sub* s, const struct fi_cq_err_entry* e
     s->got = err->len;
   } else {
     r->result = fab_result_from_fi(err->err);
-    snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s failed: %s (provider: %s)%s", dir, s->size, tag, r->type == FAB_REQ_SEND ? "to" : "from",
-             c->peer_name, fi_strerror(err->err), prov,
+    snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s failed: %s (provider: %s)%s", dir, s->size, tag,
+             r->type == FAB_REQ_SEND ? "to" : "from", c->peer_name, fi_strerror(err->err), prov,
              r->result == FAB_ERR_REMOTE ? "; the peer process probably exited or lost its network" : "");
   }
   r->errmsg = strdup(msg);
 }
 
 static void req_put(fab_req* r);
+
+/* A send comm with its own endpoint (local-only providers) also drives its
+ * context's shared endpoint, as a shared one would: whoever waits for a send
+ * still lets the receives it may depend on progress. Only while r is still
+ * pending, so a send that completes costs one CQ read. */
+static inline void progress(fab_comm* c, fab_req* r) {
+  fab_ep_try_progress(c->ep);
+  if (FAB_UNLIKELY(c->home != NULL) && (!r || atomic_load_explicit(&r->pending, memory_order_acquire) > 0))
+    fab_ep_try_progress(c->home);
+}
 
 static void sub_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
   fab_req* r = op->owner;
@@ -73,7 +83,10 @@ static void sub_done(fab_op* op, const struct fi_cq_msg_entry* done, const struc
   s->state = FAB_SUB_DONE;
   if (FAB_LIKELY(done != NULL)) s->got = done->len;
   else record_error(r, s, err);
-  if (atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel) == 1 && FAB_UNLIKELY(r->state == FAB_REQ_ORPHAN))
+  /* Read before the decrement: once pending reaches 0 the owner may reuse r.
+   * ORPHAN is only set under the endpoint lock, which is held here. */
+  int orphaned = r->state == FAB_REQ_ORPHAN;
+  if (atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel) == 1 && FAB_UNLIKELY(orphaned))
     req_put(r); /* test already reported it failed */
   fab_comm_op_done(c); /* may free c (and r) when c is closed */
 }
@@ -119,7 +132,7 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, void* 
   atomic_fetch_add_explicit(&c->inflight, 1, memory_order_relaxed);
   ssize_t rc = fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
-    fab_ep_try_progress(c->ep);
+    progress(c, NULL);
     rc = fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
   }
   if (FAB_LIKELY(rc == 0)) {
@@ -167,7 +180,7 @@ static int flush_backlog(fab_comm* c) {
   fab_req* r = c->backlog;
   int rc = post_subs(c, r);
   if (rc == -FI_EAGAIN) {
-    fab_ep_try_progress(c->ep);
+    progress(c, NULL);
     rc = post_subs(c, r);
   }
   if (rc == -FI_EAGAIN) return rc;
@@ -196,7 +209,7 @@ static fab_result sr_irecv(fab_comm* c, int n, void** data, const size_t* sizes,
   }
   int rc = post_subs(c, r);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN) && r->nposted == 0) {
-    fab_ep_try_progress(c->ep);
+    progress(c, NULL);
     rc = post_subs(c, r);
   }
   if (FAB_LIKELY(rc == 0)) {
@@ -276,7 +289,7 @@ static fab_result sr_test(fab_req* r, int* done, int* sizes) {
   if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
     fab_comm* c = r->comm;
     if (FAB_UNLIKELY(c->backlog == r)) flush_backlog(c);
-    fab_ep_try_progress(c->ep);
+    progress(c, r);
     if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
       fab_result rc = still_pending(r, done);
       if (*done || rc != FAB_OK) return rc;
