@@ -154,6 +154,13 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   p->dev = o->dev;
   p->lib = dlopen(o->plugin, RTLD_NOW | RTLD_LOCAL);
   if (!p->lib) nb_die("cannot load plugin library %s: %s", o->plugin, dlerror());
+  /* dlopen of a name without a '/' returns any loaded library of that
+   * soname: an A/B would then compare a build with itself. */
+  static void* first_lib;
+  if (first_lib && p->lib == first_lib && nb_rank == 0)
+    nb_log("note: %s is the same loaded library as the first plugin (give both as paths with a '/' to compare two "
+           "builds)", o->plugin);
+  if (!first_lib) first_lib = p->lib;
   /* Newest version both the library exports and a driver exists for,
    * unless one is asked for. fab_driver_bind refuses versions it has no
    * driver for. */
