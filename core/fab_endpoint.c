@@ -3,9 +3,13 @@
  * device), created on first use. Completion dispatch lives here: every
  * operation's context is a fab_op whose fn handles the completion.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "fab_engine.h"
 #include "fab_mr.h"
@@ -39,6 +43,29 @@ static fab_result open_fail(fab_endpoint* ep, const char* what, int rc) {
   pthread_mutex_destroy(&ep->lock);
   free(ep);
   return FAB_ERR_SYSTEM;
+}
+
+/* Local providers with string addresses (shm) name each endpoint's shared
+ * memory region after the process id by default. A region left behind by a
+ * killed process then makes fi_enable fail with EBUSY in any later process
+ * that gets the same pid. Our own names carry a per-process random nonce,
+ * so a stale region can never collide with a live endpoint. */
+static int name_endpoint(fab_endpoint* ep) {
+  if (!ep->dev->local_only || ep->dev->info->addr_format != FI_ADDR_STR) return 0;
+  static _Atomic uint64_t nonce;
+  static _Atomic uint32_t serial;
+  uint64_t n = atomic_load(&nonce);
+  if (n == 0) {
+    if (getrandom(&n, sizeof(n), GRND_NONBLOCK) != (ssize_t)sizeof(n))
+      n = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)ep;
+    n |= 1;
+    uint64_t expected = 0;
+    if (!atomic_compare_exchange_strong(&nonce, &expected, n)) n = expected;
+  }
+  char name[64];
+  snprintf(name, sizeof(name), "fabric_%d_%016llx_%u", (int)getpid(), (unsigned long long)n,
+           (unsigned)atomic_fetch_add(&serial, 1));
+  return fi_setname(&ep->ep->fid, name, strlen(name) + 1);
 }
 
 fab_result fab_endpoint_create(fab_ctx* ctx, fab_device* dev, fab_endpoint** out) {
@@ -75,6 +102,8 @@ fab_result fab_endpoint_create(fab_ctx* ctx, fab_device* dev, fab_endpoint** out
   if (rc) return open_fail(ep, "fi_ep_bind(cq)", rc);
   rc = fi_ep_bind(ep->ep, &ep->av->fid, 0);
   if (rc) return open_fail(ep, "fi_ep_bind(av)", rc);
+  rc = name_endpoint(ep);
+  if (rc) return open_fail(ep, "fi_setname", rc);
   rc = fi_enable(ep->ep);
   if (rc) return open_fail(ep, "fi_enable", rc);
   size_t len = sizeof(ep->addr);

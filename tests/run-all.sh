@@ -4,7 +4,8 @@
 # (unit, abi and functional tests).
 #
 # Tests labelled engine-bug reproduce open engine bugs (docs/known-bugs.md).
-# They run first, in a step that reports but does not gate, until fixed.
+# When there are any, they run first, in a step that reports but does not
+# gate, until fixed.
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=$(nproc)
@@ -13,11 +14,13 @@ bash "$top/tests/install-deps.sh"
 echo "== build (RelWithDebInfo) =="
 bash "$top/tests/build.sh" "$top/build"
 
-echo "== open engine bugs (reported, not gating; docs/known-bugs.md) =="
-if ctest --test-dir "$top/build" -j "$jobs" --timeout 150 -L engine-bug; then
-  echo "the open engine-bug tests now pass: remove their engine-bug label"
-else
-  echo "the open engine-bug tests still fail, as documented"
+if ctest --test-dir "$top/build" -N -L engine-bug | grep -q "Test *#"; then
+  echo "== open engine bugs (reported, not gating; docs/known-bugs.md) =="
+  if ctest --test-dir "$top/build" -j "$jobs" --timeout 150 -L engine-bug; then
+    echo "the open engine-bug tests now pass: remove their engine-bug label"
+  else
+    echo "the open engine-bug tests still fail, as documented"
+  fi
 fi
 
 echo "== test (RelWithDebInfo) =="

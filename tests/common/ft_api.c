@@ -116,13 +116,6 @@ void ft_side_init(ft_side* s) {
 
 void ft_side_open(ft_side* s, ft_peer* peer, int version) {
   memset(s, 0, sizeof *s);
-  /* Our pid is ours: shm regions named after it are stale (ft_harness.c).
-   * Once per process, before its first endpoint exists. */
-  static pid_t cleaned = 0;
-  int stale = 0;
-  if (cleaned != getpid()) stale = ft_shm_cleanup(getpid());
-  cleaned = getpid();
-  if (stale) fprintf(stderr, "[%s] removed %d stale /dev/shm region(s) named after pid %d\n", ft_role_name(), stale, (int)getpid());
   s->peer = peer;
   ft_lib_open(&s->lib, version);
   s->api = &s->lib.api;

@@ -467,27 +467,36 @@ void ft_free(void* buf, size_t len) {
 
 #include <dirent.h>
 
-/* libfabric's shm provider names an endpoint's region /dev/shm/<pid>:<n>:<m>.
- * A process that dies without closing its endpoints leaves the file behind;
- * when its pid is reused, libfabric 1.17 sees "its own" live pid in the stale
- * region and fi_enable fails with EBUSY. Files named after a pid that is ours
- * (or a child we reaped) cannot belong to anyone alive, so they go. */
+/* libfabric's shm provider names an endpoint's region /dev/shm/<name>; a
+ * process killed before closing its endpoints leaves the file behind. The
+ * engine names its regions fabric_<pid>_<nonce>_<n> (core/fab_endpoint.c),
+ * so stale ones never collide, but they still hold memory: after killing a
+ * child on purpose the harness removes what the child left, matching both
+ * the engine's names and libfabric's default <pid>:<n>:<m>. */
+/* Whether a /dev/shm entry is <pid>:<digits>:<digits> or fabric_<pid>_... */
+static int shm_region_of(const char* name, pid_t pid) {
+  char prefix[32];
+  int plen = snprintf(prefix, sizeof prefix, "fabric_%d_", (int)pid);
+  if (strncmp(name, prefix, (size_t)plen) == 0) return 1;
+  plen = snprintf(prefix, sizeof prefix, "%d:", (int)pid);
+  if (strncmp(name, prefix, (size_t)plen) != 0) return 0;
+  const char* p = name + plen;
+  int colons = 0;
+  if (!*p) return 0;
+  for (; *p; p++) {
+    if (*p == ':') colons++;
+    else if (*p < '0' || *p > '9') return 0;
+  }
+  return colons == 1;
+}
+
 int ft_shm_cleanup(pid_t pid) {
   DIR* d = opendir("/dev/shm");
   if (!d) return 0;
-  char prefix[32];
-  int plen = snprintf(prefix, sizeof prefix, "%d:", (int)pid);
   int removed = 0;
   struct dirent* e;
   while ((e = readdir(d)) != NULL) {
-    if (strncmp(e->d_name, prefix, (size_t)plen) != 0) continue;
-    const char* p = e->d_name + plen;
-    int colons = 0, ok = *p != 0;
-    for (; *p && ok; p++) {
-      if (*p == ':') colons++;
-      else if (*p < '0' || *p > '9') ok = 0;
-    }
-    if (!ok || colons != 1) continue;
+    if (!shm_region_of(e->d_name, pid)) continue;
     char path[300];
     snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
     if (unlink(path) == 0) removed++;

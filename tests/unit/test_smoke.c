@@ -4,6 +4,7 @@
  * recv comm from it, and the 128-byte handles go through a pipe.
  */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -409,5 +410,59 @@ PAIR_TEST(finalize_with_open_comms, 60) {
   ut_pair_sync(&p);
   free(rb);
   free(sb);
+  ut_pair_finish(&p);
+}
+
+/* A region under /dev/shm named after our pid, as a killed process with the
+ * same pid leaves behind, must not keep shm endpoints from opening: the
+ * engine names its endpoints itself. Blocks every default name of the form
+ * <pid>:<domain>:<endpoint> the provider would pick first. */
+enum { STALE_DOMS = 4, STALE_EPS = 16 };
+
+static int plant_stale_regions(char paths[][64]) {
+  int n = 0;
+  for (int d = 0; d < STALE_DOMS; d++) {
+    for (int e = 0; e < STALE_EPS; e++) {
+      snprintf(paths[n], 64, "/dev/shm/%d:%d:%d", (int)getpid(), d, e);
+      FILE* f = fopen(paths[n], "wx");
+      if (!f) continue; /* exists already: not ours to remove */
+      fputs("stale", f);
+      fclose(f);
+      n++;
+    }
+  }
+  return n;
+}
+
+Test(smoke_shm, stale_regions_of_our_pid, .timeout = 60) {
+  ut_use_provider("shm");
+  ut_pair p;
+  ut_pair_start(&p);
+  static char paths[STALE_DOMS * STALE_EPS][64];
+  int planted = plant_stale_regions(paths);
+  UT_CHECK(planted > 0, "could not plant stale regions under /dev/shm");
+  ut_side s;
+  ut_side_open(&s, &p);
+  char sb[64], rb[64];
+  ut_fill(sb, sizeof(sb), seed_of(p.role, sizeof(sb), 1));
+  void *smh, *rmh;
+  UT_OK(s.api->reg_mr(s.send_comm, sb, sizeof(sb), FAB_PTR_HOST, &smh));
+  UT_OK(s.api->reg_mr(s.recv_comm, rb, sizeof(rb), FAB_PTR_HOST, &rmh));
+  void* d = rb;
+  size_t rsz = sizeof(rb);
+  int tag = 9;
+  void* rq = ut_irecv(&s, s.recv_comm, 1, &d, &rsz, &tag, &rmh);
+  void* sq = ut_isend(&s, s.send_comm, sb, sizeof(sb), tag, smh);
+  int got[FAB_MAX_RECVS] = {-1};
+  UT_OK(ut_wait(&s, sq, NULL, WAIT_MS));
+  UT_OK(ut_wait(&s, rq, got, WAIT_MS));
+  UT_CHECK(got[0] == (int)sizeof(rb), "received %d bytes", got[0]);
+  UT_CHECK(ut_verify(rb, sizeof(rb), seed_of(!p.role, sizeof(sb), 1)) < 0, "data differs");
+  UT_OK(s.api->dereg_mr(s.send_comm, smh));
+  UT_OK(s.api->dereg_mr(s.recv_comm, rmh));
+  ut_pair_sync(&p);
+  ut_side_close(&s);
+  for (int i = 0; i < planted; i++) unlink(paths[i]);
+  UT_CHECK(ut_warns() == 0, "%d unexpected WARN lines", ut_warns());
   ut_pair_finish(&p);
 }
