@@ -41,19 +41,28 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, c
   fab_list_init(&c->park.node);
   atomic_init(&c->inflight, 0);
   fab_op_init(&c->probe_op, probe_done, c, 0);
-  for (uint32_t i = 0; i < nreq; i++) {
-    fab_req* r = fab_pool_at(&c->reqs, i);
-    r->magic = FAB_REQ_MAGIC;
-    r->state = FAB_REQ_FREE;
-    r->comm = c;
-    ops->init_req(c, r, nsub);
-  }
+  /* Requests are initialised on first use (fab_comm_req_first_use), so an
+   * idle comm's pool stays non-resident. */
   return c;
 }
 
+void fab_comm_req_first_use(fab_comm* c, fab_req* r) {
+  uint32_t nsub = c->kind == FAB_OBJ_SEND ? c->ops->send_subs : c->ops->recv_subs;
+  uint32_t idx = (uint32_t)(((char*)r - c->reqs.base) / c->reqs.stride);
+  uint32_t seen = atomic_load_explicit(&c->reqs.used, memory_order_relaxed);
+  while (idx >= seen && !atomic_compare_exchange_weak(&c->reqs.used, &seen, idx + 1)) {
+  }
+  r->magic = FAB_REQ_MAGIC;
+  r->state = FAB_REQ_FREE;
+  r->comm = c;
+  c->ops->init_req(c, r, nsub);
+}
+
 void fab_comm_free(fab_comm* c) {
-  for (uint32_t i = 0; i < c->reqs.count; i++) {
+  uint32_t used = atomic_load(&c->reqs.used);
+  for (uint32_t i = 0; i < used; i++) { /* never-used ones: do not fault their pages in */
     fab_req* r = fab_pool_at(&c->reqs, i);
+    if (r->magic != FAB_REQ_MAGIC) continue;
     free(r->errmsg);
     r->magic = 0;
   }

@@ -12,13 +12,18 @@
 #define DMABUF_WHY ": this build's libfabric has no FI_MR_DMABUF"
 #endif
 
-static fab_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char* fn) {
-  fab_comm* c = fab_obj_get(handle, kind);
-  if (FAB_LIKELY(c != NULL)) return c;
+static __attribute__((noinline, cold)) fab_comm* comm_warn(void* handle, fab_obj_kind kind, const char* fn) {
   fab_obj_kind k = fab_obj_kind_of(handle);
   FAB_WARN("%s: %p is %s%s, not a live %s", fn, handle, k ? "a " : "",
            k ? fab_obj_kind_name(k) : "unknown or already closed", fab_obj_kind_name(kind));
   return NULL;
+}
+
+/* Inline: it is on every isend/irecv; the WARN path stays out of line. */
+static inline fab_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char* fn) {
+  fab_comm* c = fab_obj_get(handle, kind);
+  if (FAB_LIKELY(c != NULL)) return c;
+  return comm_warn(handle, kind, fn);
 }
 
 static fab_result comm_failed(fab_comm* c, const char* fn) {

@@ -249,6 +249,8 @@ const char* fab_device_provider(const fab_device* dev);
 
 /* fab_comm.c */
 void fab_comm_free(fab_comm* c);
+/* Initialises a pooled request the first time it is handed out. */
+void fab_comm_req_first_use(fab_comm* c, fab_req* r);
 /* Marks the connection failed (sticky); later calls on it return the error.
  * ep lock held. Does not WARN: the calls that return the error do. */
 void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);

@@ -296,34 +296,26 @@ fab_result fab_mr_deregister(void* mhandle) {
   return FAB_OK;
 }
 
-fab_result fab_mr_resolve(fab_comm* c, void* mhandle, const void* data, size_t size, const char* fn, fab_mr** out) {
+fab_result fab_mr_resolve_fail(fab_comm* c, void* mhandle, const void* data, size_t size, const char* fn) {
   if (!mhandle) {
-    if (FAB_UNLIKELY(c->mr_local)) {
-      FAB_WARN("%s: NULL memory handle, but provider %s needs registered buffers; register with regMr first", fn,
-               fab_device_provider(c->ep->dev));
-      return FAB_ERR_INTERNAL;
-    }
-    *out = NULL;
-    return FAB_OK;
+    FAB_WARN("%s: NULL memory handle, but provider %s needs registered buffers; register with regMr first", fn,
+             fab_device_provider(c->ep->dev));
+    return FAB_ERR_INTERNAL;
   }
   fab_mr* m = fab_obj_get(mhandle, FAB_OBJ_MR);
-  if (FAB_UNLIKELY(!m)) {
+  if (!m) {
     FAB_WARN("%s: unknown memory handle %p (never registered, or already deregistered)", fn, mhandle);
     return FAB_ERR_INTERNAL;
   }
   uintptr_t a = (uintptr_t)data;
-  if (FAB_UNLIKELY(a < m->addr || size > m->len || a - m->addr > m->len - size)) {
+  if (a < m->addr || size > m->len || a - m->addr > m->len - size) {
     FAB_WARN("%s: buffer %p + %zu bytes lies outside its registration %p + %zu bytes", fn, data, size,
              (void*)m->addr, m->len);
     return FAB_ERR_INTERNAL;
   }
-  if (FAB_UNLIKELY(m->desc && m->dev != c->ep->dev)) {
-    FAB_WARN("%s: memory handle registered on device %s used on device %s; register on a comm of this device", fn,
-             m->dev->name, c->ep->dev->name);
-    return FAB_ERR_INTERNAL;
-  }
-  *out = m;
-  return FAB_OK;
+  FAB_WARN("%s: memory handle registered on device %s used on device %s; register on a comm of this device", fn,
+           m->dev->name, c->ep->dev->name);
+  return FAB_ERR_INTERNAL;
 }
 
 void fab_mr_domain_close(fab_device* dev) {

@@ -66,7 +66,22 @@ fab_result fab_mr_deregister(void* mhandle);
 
 /* Data path: resolves mhandle for [data, data+size) on comm c. NULL mhandle
  * is accepted when the provider needs no descriptor for host memory. WARNs. */
-fab_result fab_mr_resolve(fab_comm* c, void* mhandle, const void* data, size_t size, const char* fn, fab_mr** mr);
+__attribute__((cold)) fab_result fab_mr_resolve_fail(fab_comm* c, void* mhandle, const void* data, size_t size,
+                                                     const char* fn);
+static inline fab_result fab_mr_resolve(fab_comm* c, void* mhandle, const void* data, size_t size, const char* fn,
+                                        fab_mr** out) {
+  if (!mhandle) {
+    *out = NULL;
+    return FAB_LIKELY(!c->mr_local) ? FAB_OK : fab_mr_resolve_fail(c, mhandle, data, size, fn);
+  }
+  fab_mr* m = fab_obj_get(mhandle, FAB_OBJ_MR);
+  uintptr_t a = (uintptr_t)data;
+  if (FAB_UNLIKELY(!m || a < m->addr || size > m->len || a - m->addr > m->len - size ||
+                   (m->desc && m->dev != c->ep->dev)))
+    return *out = NULL, fab_mr_resolve_fail(c, mhandle, data, size, fn);
+  *out = m;
+  return FAB_OK;
+}
 
 /* Domain teardown: drops every handle still registered on dom's device. */
 void fab_mr_domain_close(fab_device* dev);

@@ -5,18 +5,15 @@
 #include <stdlib.h>
 
 /* Slots live in chunks that never move while the engine is up, so a lookup
- * can read them without a lock. A slot's id is (generation << 8 | kind); the
- * generation comes from one counter that is never reset, so handles from a
- * previous incarnation of the engine do not come back to life. */
-enum { CHUNK_BITS = 10, CHUNK_SLOTS = 1 << CHUNK_BITS, MAX_CHUNKS = 1024 };
+ * (inline, fab_objtab.h) can read them without a lock. A slot's id is
+ * (generation << 8 | kind); the generation comes from one counter that is
+ * never reset, so handles from a previous incarnation of the engine do not
+ * come back to life. */
+enum { CHUNK_BITS = FAB_OBJ_CHUNK_BITS, CHUNK_SLOTS = FAB_OBJ_CHUNK_SLOTS, MAX_CHUNKS = FAB_OBJ_MAX_CHUNKS };
+typedef fab_obj_slot slot;
 
-typedef struct {
-  _Atomic uint64_t id; /* 0 = free */
-  void* ptr;
-  uint32_t next_free; /* index + 1 of the next free slot, 0 = none */
-} slot;
-
-static _Atomic(slot*) g_chunks[MAX_CHUNKS];
+_Atomic(slot*) fab_obj_chunks[MAX_CHUNKS];
+#define g_chunks fab_obj_chunks
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t g_nslots;    /* slots in allocated chunks */
 static uint32_t g_free_head; /* index + 1 */
@@ -57,29 +54,7 @@ void* fab_obj_add(fab_obj_kind kind, void* ptr) {
   return (void*)(uintptr_t)((gen << 40) | ((uint64_t)idx + 1));
 }
 
-static slot* lookup(const void* handle, uint64_t* id) {
-  uint64_t h = (uint64_t)(uintptr_t)handle;
-  uint64_t gen = h >> 40;
-  uint64_t low = h & ((1ULL << 40) - 1);
-  if (!gen || !low || low > 0xffffffffULL) return NULL;
-  slot* s = slot_at((uint32_t)(low - 1));
-  if (!s) return NULL;
-  uint64_t v = atomic_load_explicit(&s->id, memory_order_acquire);
-  if (!v || (v >> 8) != gen) return NULL;
-  *id = v;
-  return s;
-}
-
-void* fab_obj_get(const void* handle, fab_obj_kind kind) {
-  uint64_t id;
-  slot* s = lookup(handle, &id);
-  return (s && (id & 0xff) == (uint64_t)kind) ? s->ptr : NULL;
-}
-
-fab_obj_kind fab_obj_kind_of(const void* handle) {
-  uint64_t id;
-  return lookup(handle, &id) ? (fab_obj_kind)(id & 0xff) : FAB_OBJ_NONE;
-}
+#define lookup fab_obj_lookup
 
 void* fab_obj_remove(const void* handle, fab_obj_kind kind) {
   pthread_mutex_lock(&g_lock);

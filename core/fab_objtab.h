@@ -11,6 +11,8 @@
 #ifndef FAB_OBJTAB_H
 #define FAB_OBJTAB_H
 
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum {
@@ -24,10 +26,44 @@ typedef enum {
 
 /* Returns the new handle, or NULL when the table is full or out of memory. */
 void* fab_obj_add(fab_obj_kind kind, void* ptr);
+
+/* The lookup is on every isend/irecv/test (comm and memory handle), so it is
+ * inline: a few loads, no call. Internals of fab_objtab.c. */
+enum { FAB_OBJ_CHUNK_BITS = 10, FAB_OBJ_CHUNK_SLOTS = 1 << FAB_OBJ_CHUNK_BITS, FAB_OBJ_MAX_CHUNKS = 1024 };
+typedef struct fab_obj_slot {
+  _Atomic uint64_t id; /* 0 = free; else generation << 8 | kind */
+  void* ptr;
+  uint32_t next_free; /* index + 1 of the next free slot, 0 = none */
+} fab_obj_slot;
+extern _Atomic(fab_obj_slot*) fab_obj_chunks[FAB_OBJ_MAX_CHUNKS];
+
+static inline fab_obj_slot* fab_obj_lookup(const void* handle, uint64_t* id) {
+  uint64_t h = (uint64_t)(uintptr_t)handle;
+  uint64_t gen = h >> 40;
+  uint64_t low = h & ((1ULL << 40) - 1);
+  if (!gen || !low || low > (uint64_t)FAB_OBJ_MAX_CHUNKS * FAB_OBJ_CHUNK_SLOTS) return NULL;
+  uint32_t idx = (uint32_t)(low - 1);
+  fab_obj_slot* chunk = atomic_load_explicit(&fab_obj_chunks[idx >> FAB_OBJ_CHUNK_BITS], memory_order_acquire);
+  if (!chunk) return NULL;
+  fab_obj_slot* s = &chunk[idx & (FAB_OBJ_CHUNK_SLOTS - 1)];
+  uint64_t v = atomic_load_explicit(&s->id, memory_order_acquire);
+  if (!v || (v >> 8) != gen) return NULL;
+  *id = v;
+  return s;
+}
+
 /* The object behind handle if it is live and of this kind, else NULL. */
-void* fab_obj_get(const void* handle, fab_obj_kind kind);
+static inline void* fab_obj_get(const void* handle, fab_obj_kind kind) {
+  uint64_t id;
+  fab_obj_slot* s = fab_obj_lookup(handle, &id);
+  return (s && (id & 0xff) == (uint64_t)kind) ? s->ptr : NULL;
+}
+
 /* The kind of a live handle, FAB_OBJ_NONE when it is not live. */
-fab_obj_kind fab_obj_kind_of(const void* handle);
+static inline fab_obj_kind fab_obj_kind_of(const void* handle) {
+  uint64_t id;
+  return fab_obj_lookup(handle, &id) ? (fab_obj_kind)(id & 0xff) : FAB_OBJ_NONE;
+}
 /* Frees the slot; returns the object, or NULL when the handle was not live. */
 void* fab_obj_remove(const void* handle, fab_obj_kind kind);
 /* Frees every slot (engine teardown). Live handles become unknown. */

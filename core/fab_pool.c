@@ -2,20 +2,23 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 int fab_pool_init(fab_pool* p, uint32_t count, size_t size) {
   memset(p, 0, sizeof(*p));
   fab_spin_init(&p->lock);
   if (!count || !size) return -1;
   p->stride = (size + 63) & ~(size_t)63;
-  if (posix_memalign((void**)&p->base, 64, p->stride * count) != 0) {
-    p->base = NULL;
-    return -1;
-  }
-  memset(p->base, 0, p->stride * count);
+  /* Anonymous pages: zero and not resident until an object on them is first
+   * handed out. Objects go out lowest index first, so a comm that never has
+   * more than k requests in flight only ever touches its first k objects. */
+  p->bytes = (p->stride * count + 4095) & ~(size_t)4095;
+  void* base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return -1;
+  p->base = base;
   p->free_idx = malloc(sizeof(uint32_t) * count);
   if (!p->free_idx) {
-    free(p->base);
+    munmap(p->base, p->bytes);
     p->base = NULL;
     return -1;
   }
@@ -27,7 +30,7 @@ int fab_pool_init(fab_pool* p, uint32_t count, size_t size) {
 }
 
 void fab_pool_fini(fab_pool* p) {
-  free(p->base);
+  if (p->base) munmap(p->base, p->bytes);
   free(p->free_idx);
   p->base = NULL;
   p->free_idx = NULL;

@@ -8,6 +8,7 @@
 #define FAB_POOL_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "fab_util.h"
@@ -15,14 +16,17 @@
 typedef struct fab_pool {
   char* base;
   size_t stride;
+  size_t bytes;    /* mapped length */
+  _Atomic uint32_t used; /* objects [0, used) have been handed out at least once */
   uint32_t count;
   uint32_t nfree;
   uint32_t* free_idx; /* stack of free indices */
   fab_spin lock;
 } fab_pool;
 
-/* count objects of size bytes each (rounded up to 64-byte lines), zeroed.
- * Returns 0, or -1 when out of memory. */
+/* count objects of size bytes each (rounded up to 64-byte lines), zeroed;
+ * their pages become resident only when first used. Returns 0, or -1 when
+ * out of memory. */
 int fab_pool_init(fab_pool* p, uint32_t count, size_t size);
 void fab_pool_fini(fab_pool* p);
 

@@ -98,6 +98,7 @@ static void sr_init_req(fab_comm* c, fab_req* r, uint32_t nsubs) {
 static inline fab_req* req_get(fab_comm* c, uint8_t type, int n) {
   fab_req* r = fab_pool_get(&c->reqs);
   if (FAB_UNLIKELY(!r)) return NULL;
+  if (FAB_UNLIKELY(r->magic != FAB_REQ_MAGIC)) fab_comm_req_first_use(c, r);
   r->state = FAB_REQ_ACTIVE;
   r->type = type;
   r->n = (uint8_t)n;
@@ -314,7 +315,8 @@ static fab_result sr_test(fab_req* r, int* done, int* sizes) {
 
 static void sr_cancel(fab_comm* c) {
   if (c->kind != FAB_OBJ_RECV) return; /* sends cannot be taken back: they complete or fail */
-  for (uint32_t i = 0; i < c->reqs.count; i++) {
+  uint32_t used = atomic_load(&c->reqs.used);
+  for (uint32_t i = 0; i < used; i++) {
     fab_req* r = fab_pool_at(&c->reqs, i);
     if (r->state == FAB_REQ_FREE) continue;
     for (int k = 0; k < r->n; k++) {
