@@ -166,6 +166,7 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
      * whatever is in flight, then its teardown frees the comm. */
     pthread_mutex_lock(&c->home->lock);
     fab_list_del(&ep->private_node);
+    c->home->nprivates--;
     pthread_mutex_unlock(&c->home->lock);
     pthread_mutex_lock(&ep->lock);
     fab_list_del(&c->park.node);

@@ -63,6 +63,7 @@ void fab_pending_retire(fab_pending* pc, int ok) {
     /* The private endpoint served this connect only: closing it stops its
      * operations, and its teardown frees the parked connect. */
     fab_list_del(&ep->private_node);
+    pc->home->nprivates--;
     pthread_mutex_lock(&ep->lock);
     fab_ep_park(ep, &pc->park);
     pthread_mutex_unlock(&ep->lock);
@@ -108,10 +109,14 @@ static uint32_t connector_id_next(fab_endpoint* ep) {
  * provider learn its address before any data flows. */
 static fab_result pick_endpoint(fab_endpoint* home, fab_endpoint** out) {
   *out = home;
-  if (!home->dev->local_only) return FAB_OK;
+  if (!home->dev->local_only || home->nprivates >= fab_g.params.local_send_endpoints) return FAB_OK;
   fab_result rc = fab_endpoint_create(home->ctx, home->dev, out);
-  if (rc == FAB_OK) fab_list_push(&home->privates, &(*out)->private_node);
-  return rc;
+  if (rc != FAB_OK) return rc;
+  fab_list_push(&home->privates, &(*out)->private_node);
+  if (++home->nprivates == fab_g.params.local_send_endpoints)
+    FAB_INFO(FAB_SUBSYS_NET, "%d send comms on %s have endpoints of their own; later ones share the context's "
+             "(FABRIC_LOCAL_SEND_ENDPOINTS)", home->nprivates, home->dev->name);
+  return FAB_OK;
 }
 
 static fab_result start(fab_endpoint* home, fab_device* d, const fab_comm_config* config, const void* handle,

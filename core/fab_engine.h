@@ -149,6 +149,7 @@ struct fab_endpoint {
   /* private endpoints of send comms (local-only providers), owned here */
   fab_list privates;
   fab_list private_node;
+  int nprivates; /* length of privates (home lock) */
 };
 
 /* --- comms and requests --------------------------------------------------- */

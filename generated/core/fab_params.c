@@ -18,6 +18,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->connect_timeout_ms = 120000;
   params->cq_read_count = 16;
   params->peer_timeout_ms = 30000;
+  params->local_send_endpoints = 16;
 }
 
 /* Appends one complaint to errbuf, "; "-separated, never overflowing. */
@@ -134,6 +135,19 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->peer_timeout_ms = (int)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_LOCAL_SEND_ENDPOINTS")) != NULL) {
+    long long v;
+    if (parse_int(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_LOCAL_SEND_ENDPOINTS=%s is not an integer; using 16", s);
+      bad++;
+    } else if (v < 0 || v > 256) {
+      complain(errbuf, errbuf_size, "FABRIC_LOCAL_SEND_ENDPOINTS=%s is outside %d..%d; using 16", s, 0, 256);
+      bad++;
+    } else {
+      params->local_send_endpoints = (int)v;
     }
   }
   return bad;
