@@ -58,6 +58,18 @@ void fab_comm_req_first_use(fab_comm* c, fab_req* r) {
   c->ops->init_req(c, r, nsub);
 }
 
+int fab_comm_busy(fab_comm* c) {
+  if (atomic_load(&c->inflight) > 0) return 1;
+  uint32_t used = atomic_load(&c->reqs.used);
+  for (uint32_t i = 0; i < used; i++) {
+    fab_req* r = fab_pool_at(&c->reqs, i);
+    if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
+    for (int k = 0; k < r->n; k++) /* a sub not (yet) posted is IDLE */
+      if (r->sub[k].state == FAB_SUB_POSTED) return 1;
+  }
+  return 0;
+}
+
 void fab_comm_free(fab_comm* c) {
   uint32_t used = atomic_load(&c->reqs.used);
   for (uint32_t i = 0; i < used; i++) { /* never-used ones: do not fault their pages in */
@@ -179,7 +191,7 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
   pthread_mutex_lock(&ep->lock);
   fab_list_del(&c->park.node);
   c->closing = 1;
-  if (atomic_load(&c->inflight) == 0) {
+  if (!fab_comm_busy(c)) {
     fab_comm_free(c);
   } else {
     fab_ep_park(ep, &c->park);

@@ -171,10 +171,8 @@ static fab_result read_error(fab_endpoint* ep) {
   return FAB_OK;
 }
 
-fab_result fab_ep_progress_locked(fab_endpoint* ep) {
-  if (FAB_UNLIKELY(ep->failed)) return ep->failed;
-  struct fi_cq_msg_entry e[FAB_CQ_BATCH_MAX];
-  ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
+/* Handles what one fi_cq_read returned. Caller holds ep->lock. */
+static fab_result dispatch_locked(fab_endpoint* ep, const struct fi_cq_msg_entry* e, ssize_t n) {
   if (n > 0) {
     for (ssize_t i = 0; i < n; i++) {
       fab_op* op = e[i].op_context;
@@ -185,6 +183,24 @@ fab_result fab_ep_progress_locked(fab_endpoint* ep) {
   if (n == -FI_EAGAIN) return FAB_OK;
   if (n == -FI_EAVAIL) return read_error(ep);
   return cq_failed(ep, "fi_cq_read", n);
+}
+
+fab_result fab_ep_progress_locked(fab_endpoint* ep) {
+  if (FAB_UNLIKELY(ep->failed)) return ep->failed;
+  struct fi_cq_msg_entry e[FAB_CQ_BATCH_MAX];
+  ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
+  return dispatch_locked(ep, e, n);
+}
+
+fab_result fab_ep_poll(fab_endpoint* ep) {
+  if (FAB_UNLIKELY(ep->failed)) return ep->failed;
+  struct fi_cq_msg_entry e[FAB_CQ_BATCH_MAX];
+  ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
+  if (n == -FI_EAGAIN) return FAB_OK;
+  pthread_mutex_lock(&ep->lock);
+  fab_result rc = dispatch_locked(ep, e, n);
+  pthread_mutex_unlock(&ep->lock);
+  return rc;
 }
 
 int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out) {

@@ -134,7 +134,7 @@ struct fab_endpoint {
   uint8_t addr[FAB_ADDR_MAX];
   size_t addr_len;
   int cq_batch;
-  fab_result failed; /* sticky after the CQ itself failed */
+  _Atomic fab_result failed; /* sticky after the CQ itself failed; read without the lock */
   /* handshake state, under lock */
   struct fab_ctrl_rx* ctrl_rx; /* FAB_CTRL_RX connect-request receives, posted on first listen */
   fab_list listens;
@@ -203,7 +203,8 @@ struct fab_comm {
   _Atomic fab_result error; /* sticky failure of the connection itself (set under ep lock) */
   char error_why[160];
   fab_comm_config config;
-  _Atomic int inflight; /* libfabric operations posted and not completed */
+  _Atomic int inflight; /* control operations (probe, answer) posted and not completed; data
+                         * operations are tracked by their requests (fab_comm_busy) */
   fab_parked park;      /* in ep->comms while live, ep->parked once closed */
   fab_pool reqs;
   fab_req* backlog;     /* recv: grouped receive not fully posted yet */
@@ -261,7 +262,12 @@ void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);
 enum { FAB_STALL_POLLS = 256, FAB_PROBE_INTERVAL_MS = 1000 };
 void fab_comm_check_peer(fab_comm* c);
 static inline void fab_comm_stalled(fab_comm* c) {
-  if (FAB_UNLIKELY(atomic_fetch_add_explicit(&c->stall_polls, 1, memory_order_relaxed) + 1 >= FAB_STALL_POLLS)) {
+  /* A load and a store, not an atomic add: this runs on every poll that
+   * finds its request pending, and a lost count between racing threads only
+   * delays the check a little. */
+  uint32_t polls = atomic_load_explicit(&c->stall_polls, memory_order_relaxed) + 1;
+  atomic_store_explicit(&c->stall_polls, polls, memory_order_relaxed);
+  if (FAB_UNLIKELY(polls >= FAB_STALL_POLLS)) {
     atomic_store_explicit(&c->stall_polls, 0, memory_order_relaxed);
     fab_comm_check_peer(c);
   }
@@ -276,13 +282,13 @@ fab_result fab_endpoint_create(fab_ctx* ctx, fab_device* dev, fab_endpoint** out
 void fab_endpoint_destroy(fab_endpoint* ep);
 /* Reads one batch of completions and dispatches them. Caller holds ep->lock. */
 fab_result fab_ep_progress_locked(fab_endpoint* ep);
-/* Progress unless another thread is already doing it. */
-static inline void fab_ep_try_progress(fab_endpoint* ep) {
-  if (pthread_mutex_trylock(&ep->lock) == 0) {
-    fab_ep_progress_locked(ep);
-    pthread_mutex_unlock(&ep->lock);
-  }
-}
+/* Data-path progress (test, and isend/irecv on -FI_EAGAIN). The provider is
+ * FI_THREAD_SAFE, so the CQ is read without the endpoint lock; the lock is
+ * taken only to dispatch what was read. An empty poll -- nearly every poll
+ * of a spinning test -- then costs what fi_cq_read costs, with no lock
+ * round trip of ours on top of the provider's own. */
+fab_result fab_ep_poll(fab_endpoint* ep);
+static inline void fab_ep_try_progress(fab_endpoint* ep) { fab_ep_poll(ep); }
 /* Inserts (or finds) a peer address. Caller holds ep->lock. */
 int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out);
 void fab_ep_peer_name(fab_endpoint* ep, fi_addr_t a, char* buf, size_t len);
@@ -292,11 +298,26 @@ void fab_ep_park(fab_endpoint* ep, fab_parked* p);
 int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr, void** desc);
 void fab_ep_ctrl_dereg(struct fid_mr* mr);
 
-/* Accounting of one completed operation of comm c; frees a closed comm with
- * its last completion. ep lock held. */
+/* 1 while libfabric still holds an operation context of c: a control
+ * operation (inflight) or a posted data sub-operation not yet completed.
+ * Scans the comm's used requests: for close time only. ep lock held. */
+int fab_comm_busy(fab_comm* c);
+
+/* Accounting of one completed control operation (probe, accept answer) of
+ * comm c; frees a closed comm with its last completion. ep lock held. */
 static inline void fab_comm_op_done(fab_comm* c) {
   c->ncompl++;
-  if (atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel) == 1 && c->closing) {
+  if (atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel) == 1 && c->closing && !fab_comm_busy(c)) {
+    fab_list_del(&c->park.node);
+    fab_comm_free(c);
+  }
+}
+
+/* The same for a data sub-operation, which the transport tracks in its
+ * request (no shared counter on the data path). ep lock held. */
+static inline void fab_comm_data_done(fab_comm* c) {
+  c->ncompl++;
+  if (FAB_UNLIKELY(c->closing) && !fab_comm_busy(c)) {
     fab_list_del(&c->park.node);
     fab_comm_free(c);
   }

@@ -248,7 +248,7 @@ fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {
     } else if (posted != 0) {
       if (posted > 0) FAB_WARN("accept: handle table full; close unused comms");
       c->closing = 1;
-      if (atomic_load(&c->inflight) == 0) fab_comm_free(c);
+      if (!fab_comm_busy(c)) fab_comm_free(c);
       else fab_ep_park(ep, &c->park);
       rc = FAB_ERR_SYSTEM;
     }

@@ -83,12 +83,16 @@ static void sub_done(fab_op* op, const struct fi_cq_msg_entry* done, const struc
   s->state = FAB_SUB_DONE;
   if (FAB_LIKELY(done != NULL)) s->got = done->len;
   else record_error(r, s, err);
-  /* Read before the decrement: once pending reaches 0 the owner may reuse r.
+  /* Read before pending drops: once it reaches 0 the owner may reuse r.
    * ORPHAN is only set under the endpoint lock, which is held here. */
   int orphaned = r->state == FAB_REQ_ORPHAN;
-  if (atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel) == 1 && FAB_UNLIKELY(orphaned))
-    req_put(r); /* test already reported it failed */
-  fab_comm_op_done(c); /* may free c (and r) when c is closed */
+  /* Completions are dispatched under the endpoint lock, and every other
+   * change of pending after posting (abandon_unposted) takes it too: a plain
+   * load and store suffice, no atomic read-modify-write on the data path. */
+  int left = atomic_load_explicit(&r->pending, memory_order_relaxed) - 1;
+  atomic_store_explicit(&r->pending, left, memory_order_release);
+  if (left == 0 && FAB_UNLIKELY(orphaned)) req_put(r); /* test already reported it failed */
+  fab_comm_data_done(c); /* may free c (and r) when c is closed */
 }
 
 static void sr_init_req(fab_comm* c, fab_req* r, uint32_t nsubs) {
@@ -130,7 +134,6 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, void* 
   s->size = size;
   s->tag = c->tag_base | (uint32_t)tag;
   s->state = FAB_SUB_POSTED;
-  atomic_fetch_add_explicit(&c->inflight, 1, memory_order_relaxed);
   ssize_t rc = fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
     progress(c, NULL);
@@ -140,7 +143,6 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, void* 
     *request = r;
     return FAB_OK;
   }
-  atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_relaxed);
   s->state = FAB_SUB_IDLE;
   req_put(r);
   *request = NULL;
@@ -157,10 +159,8 @@ static int post_subs(fab_comm* c, fab_req* r) {
   while (r->nposted < r->n) {
     fab_sub* s = &r->sub[r->nposted];
     s->state = FAB_SUB_POSTED;
-    atomic_fetch_add_explicit(&c->inflight, 1, memory_order_relaxed);
     ssize_t rc = fi_trecv(ep, s->data, s->size, s->desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
     if (FAB_UNLIKELY(rc != 0)) {
-      atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_relaxed);
       s->state = FAB_SUB_IDLE;
       return (int)rc;
     }
@@ -169,11 +169,16 @@ static int post_subs(fab_comm* c, fab_req* r) {
   return 0;
 }
 
-/* Gives up on the receives of r that could not be posted. */
+/* Gives up on the receives of r that could not be posted. Takes the
+ * endpoint lock: once r is posted, pending changes only under it (sub_done). */
 static void abandon_unposted(fab_req* r) {
   int missing = r->n - r->nposted;
   if (r->result == FAB_OK) r->result = FAB_ERR_SYSTEM;
-  atomic_fetch_sub_explicit(&r->pending, missing, memory_order_release);
+  fab_endpoint* ep = r->comm->ep;
+  pthread_mutex_lock(&ep->lock);
+  int left = atomic_load_explicit(&r->pending, memory_order_relaxed) - missing;
+  atomic_store_explicit(&r->pending, left, memory_order_release);
+  pthread_mutex_unlock(&ep->lock);
 }
 
 /* Posts the rest of a partly posted grouped receive. 0 when none is left. */
