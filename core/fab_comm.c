@@ -52,6 +52,7 @@ void fab_comm_req_first_use(fab_comm* c, fab_req* r) {
   uint32_t seen = atomic_load_explicit(&c->reqs.used, memory_order_relaxed);
   while (idx >= seen && !atomic_compare_exchange_weak(&c->reqs.used, &seen, idx + 1)) {
   }
+  r->pool_index = idx;
   r->magic = FAB_REQ_MAGIC;
   r->state = FAB_REQ_FREE;
   r->comm = c;

@@ -181,6 +181,7 @@ struct fab_req {
   uint8_t nposted;
   _Atomic int pending; /* sub-operations not completed yet (posted or not) */
   fab_result result;   /* first error of a sub-operation */
+  uint32_t pool_index; /* its slot in comm->reqs */
   char* errmsg;        /* its description (error path only) */
   fab_comm* comm;
   fab_sub sub[];

@@ -38,6 +38,14 @@ static inline void* fab_pool_get(fab_pool* p) {
   return obj;
 }
 
+/* Returns the object at index idx (callers that keep the index avoid the
+ * division of fab_pool_put). */
+static inline void fab_pool_put_index(fab_pool* p, uint32_t idx) {
+  fab_spin_lock(&p->lock);
+  p->free_idx[p->nfree++] = idx;
+  fab_spin_unlock(&p->lock);
+}
+
 static inline void fab_pool_put(fab_pool* p, void* obj) {
   uint32_t idx = (uint32_t)(((char*)obj - p->base) / p->stride);
   fab_spin_lock(&p->lock);

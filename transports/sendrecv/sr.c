@@ -118,7 +118,7 @@ static void req_put(fab_req* r) {
     free(r->errmsg);
     r->errmsg = NULL;
   }
-  fab_pool_put(&r->comm->reqs, r);
+  fab_pool_put_index(&r->comm->reqs, r->pool_index);
 }
 
 /* --- send ---------------------------------------------------------------------- */
