@@ -14,7 +14,8 @@
 static void comm_destroy(fab_parked* p) { fab_comm_free(FAB_CONTAINER_OF(p, fab_comm, park)); }
 static void probe_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err);
 
-fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, const fab_comm_config* config) {
+fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, fab_ctx* owner,
+                         const fab_comm_config* config) {
   const fab_transport_ops* ops = ep->dev->ops;
   fab_comm* c = calloc(1, sizeof(*c));
   if (!c) {
@@ -36,7 +37,8 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, c
   c->peer = FI_ADDR_NOTAVAIL;
   c->max_bytes = dev->props.max_p2p_bytes;
   c->mr_local = ep->dev->mr_local;
-  c->config = config ? *config : ep->ctx->config;
+  c->owner = owner;
+  c->config = config ? *config : owner->config;
   c->park.destroy = comm_destroy;
   fab_list_init(&c->park.node);
   atomic_init(&c->inflight, 0);
@@ -205,6 +207,48 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
 
 fab_result fab_close_send(void* send_comm) { return close_comm(send_comm, FAB_OBJ_SEND, "closeSend"); }
 fab_result fab_close_recv(void* recv_comm) { return close_comm(recv_comm, FAB_OBJ_RECV, "closeRecv"); }
+
+typedef struct owned_comm {
+  void* handle;
+  fab_obj_kind kind;
+} owned_comm;
+
+static int collect_owned(fab_list* comms, fab_ctx* owner, owned_comm** out, int* n, int* cap) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, comms) {
+    fab_comm* c = FAB_CONTAINER_OF(it, fab_comm, park.node);
+    if (c->owner != owner) continue;
+    if (*n == *cap) {
+      int grown = *cap ? 2 * *cap : 16;
+      owned_comm* more = realloc(*out, (size_t)grown * sizeof(**out));
+      if (!more) return -1;
+      *out = more;
+      *cap = grown;
+    }
+    (*out)[(*n)++] = (owned_comm){c->handle, c->kind};
+  }
+  return 0;
+}
+
+int fab_comm_close_owned(fab_endpoint* home, fab_ctx* owner) {
+  owned_comm* list = NULL;
+  int n = 0, cap = 0;
+  /* Under the shared endpoint's lock no connect can finish and no own
+   * endpoint can come or go, so the lists are stable. */
+  pthread_mutex_lock(&home->lock);
+  int rc = collect_owned(&home->comms, owner, &list, &n, &cap);
+  FAB_LIST_FOREACH_SAFE(it, tmp, &home->privates) {
+    if (rc != 0) break;
+    fab_endpoint* own = FAB_CONTAINER_OF(it, fab_endpoint, private_node);
+    pthread_mutex_lock(&own->lock);
+    rc = collect_owned(&own->comms, owner, &list, &n, &cap);
+    pthread_mutex_unlock(&own->lock);
+  }
+  pthread_mutex_unlock(&home->lock);
+  if (rc != 0) FAB_WARN("finalize: out of memory listing open comms; some stay open until the plugin unloads");
+  for (int i = 0; i < n; i++) close_comm(list[i].handle, list[i].kind, "finalize");
+  free(list);
+  return n;
+}
 
 /* After fi_close(ep): nothing can complete any more; free everything. */
 void fab_conn_endpoint_teardown(fab_endpoint* ep) {

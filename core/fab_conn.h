@@ -49,6 +49,7 @@ typedef struct fab_listener {
   void* handle;
   fab_endpoint* ep;
   fab_device* dev;
+  fab_ctx* owner; /* finalize closes it */
   uint64_t listen_id;
   fab_list node;        /* ep->listens */
   fab_list queue;       /* fab_conn_request waiting for accept */
@@ -60,7 +61,8 @@ typedef struct fab_listener {
  * every retry. */
 typedef struct fab_pending {
   fab_parked park; /* home->connects while pending, ep->parked once abandoned */
-  fab_endpoint* home; /* the context's endpoint: where NCCL's retries find it */
+  fab_endpoint* home; /* the shared endpoint: where NCCL's retries find it */
+  fab_ctx* owner;
   fab_endpoint* ep;   /* where its operations run: home, or the comm's own */
   const void* handle_ptr;
   uint8_t handle_copy[FAB_HANDLE_SIZE];
@@ -85,7 +87,9 @@ typedef struct fab_pending {
 } fab_pending;
 
 /* fab_comm.c */
-fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, const fab_comm_config* config);
+/* config NULL: the owner context's. */
+fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, fab_ctx* owner,
+                         const fab_comm_config* config);
 uint32_t fab_conn_id_next(fab_endpoint* ep);
 /* Sends an answer refusing a connect request; best effort. ep lock held. */
 void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status);
@@ -93,6 +97,12 @@ void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t sta
  * frees it now or parks it until its operations complete; after a failure
  * (ok == 0) a private endpoint goes with it. */
 void fab_pending_retire(fab_pending* pc, int ok);
+
+/* Finalize of a context: close what it still owns on a shared endpoint
+ * (the runtime should have closed it); each returns how many. */
+int fab_comm_close_owned(fab_endpoint* home, fab_ctx* owner);
+int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner);
+int fab_connect_drop_owned(fab_endpoint* home, fab_ctx* owner);
 
 /* fab_listener.c */
 void fab_listen_teardown(fab_endpoint* ep);

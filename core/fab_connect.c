@@ -75,10 +75,24 @@ void fab_pending_retire(fab_pending* pc, int ok) {
   pthread_mutex_unlock(&ep->lock);
 }
 
-static fab_pending* find_pending(fab_endpoint* ep, const void* handle) {
+int fab_connect_drop_owned(fab_endpoint* home, fab_ctx* owner) {
+  int n = 0;
+  pthread_mutex_lock(&home->lock);
+  FAB_LIST_FOREACH_SAFE(it, tmp, &home->connects) {
+    fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
+    if (pc->owner != owner) continue;
+    fab_pending_retire(pc, 0);
+    n++;
+  }
+  pthread_mutex_unlock(&home->lock);
+  return n;
+}
+
+static fab_pending* find_pending(fab_endpoint* ep, fab_ctx* owner, const void* handle) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
     fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
-    if (pc->handle_ptr == handle && !memcmp(pc->handle_copy, handle, FAB_HANDLE_SIZE)) return pc;
+    if (pc->owner == owner && pc->handle_ptr == handle && !memcmp(pc->handle_copy, handle, FAB_HANDLE_SIZE))
+      return pc;
   }
   return NULL;
 }
@@ -110,7 +124,7 @@ static uint32_t connector_id_next(fab_endpoint* ep) {
 static fab_result pick_endpoint(fab_endpoint* home, fab_endpoint** out) {
   *out = home;
   if (!home->dev->local_only || home->nprivates >= fab_g.params.local_send_endpoints) return FAB_OK;
-  fab_result rc = fab_endpoint_create(home->ctx, home->dev, out);
+  fab_result rc = fab_endpoint_create(home->dev, out);
   if (rc != FAB_OK) return rc;
   fab_list_push(&home->privates, &(*out)->private_node);
   if (++home->nprivates == fab_g.params.local_send_endpoints)
@@ -119,8 +133,8 @@ static fab_result pick_endpoint(fab_endpoint* home, fab_endpoint** out) {
   return FAB_OK;
 }
 
-static fab_result start(fab_endpoint* home, fab_device* d, const fab_comm_config* config, const void* handle,
-                        fab_pending** out) {
+static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const fab_comm_config* config,
+                        const void* handle, fab_pending** out) {
   fab_wire_handle h;
   char why[160];
   if (fab_wire_handle_decode(handle, &h, why, sizeof(why)) != 0) {
@@ -138,6 +152,7 @@ static fab_result start(fab_endpoint* home, fab_device* d, const fab_comm_config
     return FAB_ERR_SYSTEM;
   }
   pc->home = home;
+  pc->owner = owner;
   pc->park.destroy = pending_destroy;
   fab_list_init(&pc->park.node);
   fab_result rc = pick_endpoint(home, &pc->ep);
@@ -152,7 +167,7 @@ static fab_result start(fab_endpoint* home, fab_device* d, const fab_comm_config
   memcpy(pc->peer_addr, h.addr, h.addr_len);
   pc->peer_addr_len = h.addr_len;
   fab_list_push(&home->connects, &pc->park.node); /* from here on, retire cleans up */
-  pc->comm = fab_comm_alloc(ep, d, FAB_OBJ_SEND, config);
+  pc->comm = fab_comm_alloc(ep, d, FAB_OBJ_SEND, owner, config);
   if (!pc->comm) {
     fab_pending_retire(pc, 0);
     return FAB_ERR_SYSTEM;
@@ -267,13 +282,13 @@ fab_result fab_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config* conf
   fab_device* d = ctx ? fab_device_get(dev, "connect") : NULL;
   if (!d) return FAB_ERR_INTERNAL;
   fab_endpoint* home;
-  fab_result rc = fab_endpoint_get(ctx, d, &home);
+  fab_result rc = fab_endpoint_get(d, &home);
   if (rc != FAB_OK) return rc;
   pthread_mutex_lock(&home->lock);
   int64_t now = fab_now_ms();
   sweep_expired(home, now);
-  fab_pending* pc = find_pending(home, handle);
-  if (!pc) rc = start(home, d, config, handle, &pc);
+  fab_pending* pc = find_pending(home, ctx, handle);
+  if (!pc) rc = start(home, d, ctx, config, handle, &pc);
   int done = 0;
   if (rc == FAB_OK) {
     fab_endpoint* ep = pc->ep; /* lock order: home, then the private endpoint */

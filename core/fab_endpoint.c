@@ -68,14 +68,13 @@ static int name_endpoint(fab_endpoint* ep) {
   return fi_setname(&ep->ep->fid, name, strlen(name) + 1);
 }
 
-fab_result fab_endpoint_create(fab_ctx* ctx, fab_device* dev, fab_endpoint** out) {
+fab_result fab_endpoint_create(fab_device* dev, fab_endpoint** out) {
   fab_endpoint* ep = calloc(1, sizeof(*ep));
   if (!ep) {
     FAB_WARN("out of memory creating an endpoint on %s", dev->name);
     return FAB_ERR_SYSTEM;
   }
   pthread_mutex_init(&ep->lock, NULL);
-  ep->ctx = ctx;
   ep->dev = dev;
   fab_list_init(&ep->listens);
   fab_list_init(&ep->connects);

@@ -4,18 +4,19 @@
  *   engine (one per process, while some init is live)
  *    +- device[]         one per (provider, domain), then virtual devices
  *    |   +- domain       fabric + domain + MR cache, opened on first use
- *    +- ctx[]            one per fab_init (v11+) plus the process context
- *        +- endpoint[]   per physical device, created on first use:
- *            |           ep + CQ + AV + lock, handshake state
- *            +- listen comms, pending connects, send/recv comms,
- *            |  parked objects (closed, waiting for completions)
- *            +- private endpoints: one per send comm on local-only
- *               providers (shm), owned by the comm
+ *    +- ctx[]            one per fab_init (v11+) plus the process context;
+ *    |                   owns the comms, listeners and connects made in it
+ *    +- endpoint[]       one per physical device, shared by all contexts,
+ *        |               created on first use: ep + CQ + AV + lock
+ *        +- listen comms, pending connects, send/recv comms,
+ *        |  parked objects (closed, waiting for completions)
+ *        +- private endpoints: one per send comm on local-only
+ *           providers (shm), owned by the comm, up to a cap
  *
  * Every libfabric operation carries a fab_op as its context; completions are
- * dispatched through fab_op.fn. CQ reads and all handshake state of an
- * endpoint are serialised by the endpoint's lock; the data path takes no
- * other lock than the request pool's spin lock.
+ * dispatched through fab_op.fn, under the endpoint's lock, which also
+ * serialises handshake state. The data path reads the CQ without it and
+ * otherwise takes only the request pool's spin lock.
  */
 #ifndef FAB_ENGINE_H
 #define FAB_ENGINE_H
@@ -110,7 +111,6 @@ struct fab_ctx {
   fab_comm_config config;
   fab_net_attr net_attr;
   fab_list node; /* engine's context list */
-  _Atomic(fab_endpoint*) eps[FAB_MAX_DEVICES];
 };
 
 /* --- endpoints ------------------------------------------------------------ */
@@ -126,7 +126,6 @@ typedef struct fab_av_entry {
 
 struct fab_endpoint {
   pthread_mutex_t lock;
-  fab_ctx* ctx;
   fab_device* dev; /* physical */
   struct fid_ep* ep;
   struct fid_cq* cq;
@@ -200,7 +199,8 @@ struct fab_comm {
   size_t max_bytes;
   int mr_local;
   int closing;
-  fab_endpoint* home; /* ctx endpoint that owns ep when ep is the comm's own */
+  fab_endpoint* home; /* shared endpoint that owns ep when ep is the comm's own */
+  fab_ctx* owner;     /* the context it was created in: finalize closes it */
   _Atomic fab_result error; /* sticky failure of the connection itself (set under ep lock) */
   char error_why[160];
   fab_comm_config config;
@@ -233,6 +233,9 @@ typedef struct fab_engine {
   _Atomic int ndevs;
   int nphys;
   fab_list ctxs;
+  /* one endpoint per physical device, shared by every context, created on
+   * first use and closed when the engine goes down */
+  _Atomic(fab_endpoint*) eps[FAB_MAX_DEVICES];
   int cuda_ok;
 } fab_engine;
 
@@ -241,7 +244,7 @@ extern fab_engine fab_g;
 /* fab_plugin.c */
 fab_ctx* fab_ctx_resolve(fab_ctx* handle, const char* fn); /* NULL -> process context; WARNs */
 fab_device* fab_device_get(int dev, const char* fn);        /* WARNs */
-fab_result fab_endpoint_get(fab_ctx* ctx, fab_device* dev, fab_endpoint** out);
+fab_result fab_endpoint_get(fab_device* dev, fab_endpoint** out);
 
 /* fab_device.c */
 fab_result fab_devices_discover(void);
@@ -279,7 +282,7 @@ void fab_conn_endpoint_teardown(fab_endpoint* ep);
 fab_result fab_ctrl_rx_setup(fab_endpoint* ep);
 
 /* fab_endpoint.c */
-fab_result fab_endpoint_create(fab_ctx* ctx, fab_device* dev, fab_endpoint** out);
+fab_result fab_endpoint_create(fab_device* dev, fab_endpoint** out);
 void fab_endpoint_destroy(fab_endpoint* ep);
 /* Reads one batch of completions and dispatches them. Caller holds ep->lock. */
 fab_result fab_ep_progress_locked(fab_endpoint* ep);

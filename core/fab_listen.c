@@ -128,7 +128,7 @@ fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_
   fab_device* d = ctx ? fab_device_get(dev, "listen") : NULL;
   if (!d) return FAB_ERR_INTERNAL;
   fab_endpoint* ep;
-  fab_result rc = fab_endpoint_get(ctx, d, &ep);
+  fab_result rc = fab_endpoint_get(d, &ep);
   if (rc != FAB_OK) return rc;
   fab_listener* l = calloc(1, sizeof(*l));
   if (!l) {
@@ -138,6 +138,7 @@ fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_
   l->magic = FAB_LISTEN_MAGIC;
   l->ep = ep;
   l->dev = d;
+  l->owner = ctx;
   fab_list_init(&l->queue);
   pthread_mutex_lock(&ep->lock);
   do l->listen_id = fab_random64();
@@ -174,7 +175,7 @@ static void answer_done(fab_op* op, const struct fi_cq_msg_entry* done, const st
 /* Creates the recv comm for a queued request; NULL after refusing it. */
 static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
   fab_endpoint* ep = l->ep;
-  fab_comm* c = fab_comm_alloc(ep, l->dev, FAB_OBJ_RECV, NULL);
+  fab_comm* c = fab_comm_alloc(ep, l->dev, FAB_OBJ_RECV, l->owner, NULL);
   if (!c) {
     fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_ADDRESS);
     return NULL;
@@ -284,6 +285,20 @@ fab_result fab_close_listen(void* listen_comm) {
   listen_free_locked(l, 1);
   pthread_mutex_unlock(&ep->lock);
   return FAB_OK;
+}
+
+int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner) {
+  int n = 0;
+  pthread_mutex_lock(&ep->lock);
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->listens) {
+    fab_listener* l = FAB_CONTAINER_OF(it, fab_listener, node);
+    if (l->owner != owner) continue;
+    fab_obj_remove(l->handle, FAB_OBJ_LISTEN);
+    listen_free_locked(l, 1);
+    n++;
+  }
+  pthread_mutex_unlock(&ep->lock);
+  return n;
 }
 
 void fab_listen_teardown(fab_endpoint* ep) {

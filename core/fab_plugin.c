@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fab_conn.h"
 #include "fab_cuda.h"
 #include "fab_engine.h"
 
@@ -49,18 +50,25 @@ static fab_result engine_up(void) {
   return FAB_OK;
 }
 
+/* Closes what the runtime left open in ctx; the shared endpoints stay. */
 static void ctx_destroy(fab_ctx* ctx) {
+  fab_obj_remove(ctx->handle, FAB_OBJ_CTX); /* from here on its handle is refused */
+  int left = 0;
   for (int i = 0; i < FAB_MAX_DEVICES; i++) {
-    fab_endpoint* ep = atomic_exchange(&ctx->eps[i], NULL);
-    fab_endpoint_destroy(ep);
+    fab_endpoint* ep = atomic_load(&fab_g.eps[i]);
+    if (!ep) continue;
+    left += fab_listen_close_owned(ep, ctx);
+    left += fab_connect_drop_owned(ep, ctx);
+    left += fab_comm_close_owned(ep, ctx);
   }
-  fab_obj_remove(ctx->handle, FAB_OBJ_CTX);
+  if (left) FAB_INFO(FAB_SUBSYS_INIT, "finalize: closed %d comms, listeners or connects the runtime left open", left);
   fab_list_del(&ctx->node);
   free(ctx);
 }
 
 static void engine_down(void) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &fab_g.ctxs) ctx_destroy(FAB_CONTAINER_OF(it, fab_ctx, node));
+  for (int i = 0; i < FAB_MAX_DEVICES; i++) fab_endpoint_destroy(atomic_exchange(&fab_g.eps[i], NULL));
   fab_devices_release();
   fab_cuda_fini();
   fab_obj_reset();
@@ -171,21 +179,21 @@ fab_device* fab_device_get(int dev, const char* fn) {
   return fab_g.devs[dev];
 }
 
-fab_result fab_endpoint_get(fab_ctx* ctx, fab_device* dev, fab_endpoint** out) {
+fab_result fab_endpoint_get(fab_device* dev, fab_endpoint** out) {
   int idx = dev->carrier;
-  fab_endpoint* ep = atomic_load_explicit(&ctx->eps[idx], memory_order_acquire);
+  fab_endpoint* ep = atomic_load_explicit(&fab_g.eps[idx], memory_order_acquire);
   if (FAB_LIKELY(ep != NULL)) {
     *out = ep;
     return FAB_OK;
   }
   pthread_mutex_lock(&fab_g.lock);
   fab_result rc = FAB_OK;
-  ep = atomic_load(&ctx->eps[idx]);
+  ep = atomic_load(&fab_g.eps[idx]);
   if (!ep) {
     fab_device* phys = fab_g.devs[idx];
     rc = fab_domain_open(phys);
-    if (rc == FAB_OK) rc = fab_endpoint_create(ctx, phys, &ep);
-    if (rc == FAB_OK) atomic_store_explicit(&ctx->eps[idx], ep, memory_order_release);
+    if (rc == FAB_OK) rc = fab_endpoint_create(phys, &ep);
+    if (rc == FAB_OK) atomic_store_explicit(&fab_g.eps[idx], ep, memory_order_release);
   }
   pthread_mutex_unlock(&fab_g.lock);
   *out = ep;

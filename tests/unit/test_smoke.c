@@ -466,3 +466,55 @@ Test(smoke_shm, stale_regions_of_our_pid, .timeout = 60) {
   UT_CHECK(ut_warns() == 0, "%d unexpected WARN lines", ut_warns());
   ut_pair_finish(&p);
 }
+
+/* Contexts share one endpoint per device. Finalizing a context closes what
+ * the runtime left open in it (here a recv comm with a receive posted) and
+ * nothing else: another context's comms on the same endpoint keep working. */
+PAIR_TEST(finalize_leaves_other_contexts, 120) {
+  ut_use_provider(prov);
+  ut_pair p;
+  ut_pair_start(&p);
+  ut_side s1, s2;
+  ut_side_open(&s1, &p);
+  ut_side_open(&s2, &p);
+  enum { LEN = 65536 };
+  char* b1 = malloc(LEN);
+  char* sb = malloc(LEN);
+  char* rb = malloc(LEN);
+  void *m1, *smh, *rmh;
+  UT_OK(s1.api->reg_mr(s1.recv_comm, b1, LEN, FAB_PTR_HOST, &m1));
+  void* d = b1;
+  size_t sz = LEN;
+  int tag = 77; /* never sent */
+  (void)ut_irecv(&s1, s1.recv_comm, 1, &d, &sz, &tag, &m1);
+  UT_OK(s1.api->finalize(s1.ctx)); /* leaves send, recv and listen comms open */
+  void* q = (void*)0x1;
+  UT_CHECK(s1.api->isend(s1.send_comm, b1, 8, 1, NULL, NULL, &q) != FAB_OK && q == NULL,
+           "isend on a comm of a finalized context succeeded");
+  UT_CHECK(s1.api->close_recv(s1.recv_comm) != FAB_OK, "closeRecv of a comm finalize closed succeeded");
+  ut_reset_warns();
+  UT_OK(s2.api->reg_mr(s2.send_comm, sb, LEN, FAB_PTR_HOST, &smh));
+  UT_OK(s2.api->reg_mr(s2.recv_comm, rb, LEN, FAB_PTR_HOST, &rmh));
+  for (int i = 0; i < 4; i++) {
+    ut_fill(sb, LEN, seed_of(p.role, LEN, i));
+    d = rb;
+    sz = LEN;
+    tag = i;
+    void* rq = ut_irecv(&s2, s2.recv_comm, 1, &d, &sz, &tag, &rmh);
+    void* sq = ut_isend(&s2, s2.send_comm, sb, LEN, tag, smh);
+    int got[FAB_MAX_RECVS] = {-1};
+    UT_OK(ut_wait(&s2, sq, NULL, WAIT_MS));
+    UT_OK(ut_wait(&s2, rq, got, WAIT_MS));
+    UT_CHECK(got[0] == LEN, "received %d bytes", got[0]);
+    UT_CHECK(ut_verify(rb, LEN, seed_of(!p.role, LEN, i)) < 0, "message %d differs", i);
+  }
+  UT_OK(s2.api->dereg_mr(s2.send_comm, smh));
+  UT_OK(s2.api->dereg_mr(s2.recv_comm, rmh));
+  UT_CHECK(ut_warns() == 0, "%d unexpected WARN lines", ut_warns());
+  ut_pair_sync(&p);
+  ut_side_close(&s2);
+  free(b1);
+  free(sb);
+  free(rb);
+  ut_pair_finish(&p);
+}

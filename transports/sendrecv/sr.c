@@ -67,7 +67,7 @@ static void record_error(fab_req* r, fab_sub* s, const struct fi_cq_err_entry* e
 static void req_put(fab_req* r);
 
 /* A send comm with its own endpoint (local-only providers) also drives its
- * context's shared endpoint, as a shared one would: whoever waits for a send
+ * device's shared endpoint, as a shared one would: whoever waits for a send
  * still lets the receives it may depend on progress. Only while r is still
  * pending, so a send that completes costs one CQ read. */
 static inline void progress(fab_comm* c, fab_req* r) {
