@@ -128,7 +128,7 @@ static fab_result pick_endpoint(fab_endpoint* home, fab_endpoint** out) {
   if (rc != FAB_OK) return rc;
   fab_list_push(&home->privates, &(*out)->private_node);
   if (++home->nprivates == fab_g.params.local_send_endpoints)
-    FAB_INFO(FAB_SUBSYS_NET, "%d send comms on %s have endpoints of their own; later ones share the context's "
+    FAB_INFO(FAB_SUBSYS_NET, "%d send comms on %s have endpoints of their own; later ones share the device's "
              "(FABRIC_LOCAL_SEND_ENDPOINTS)", home->nprivates, home->dev->name);
   return FAB_OK;
 }
