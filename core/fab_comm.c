@@ -83,6 +83,7 @@ void fab_comm_free(fab_comm* c) {
   }
   fab_pool_fini(&c->reqs);
   fab_ep_ctrl_dereg(c->answer_mr);
+  fab_ep_av_release(c->ep, c->peer);
   c->magic = 0;
   free(c);
 }

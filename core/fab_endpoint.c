@@ -65,7 +65,8 @@ static int name_endpoint(fab_endpoint* ep) {
   char name[64];
   snprintf(name, sizeof(name), "fabric_%d_%016llx_%u", (int)getpid(), (unsigned long long)n,
            (unsigned)atomic_fetch_add(&serial, 1));
-  return fi_setname(&ep->ep->fid, name, strlen(name) + 1);
+  int rc = fi_setname(&ep->ep->fid, name, strlen(name) + 1);
+  return rc == -FI_ENOSYS || rc == -FI_EOPNOTSUPP ? 0 : rc; /* keep the provider's own name */
 }
 
 fab_result fab_endpoint_create(fab_device* dev, fab_endpoint** out) {
@@ -130,6 +131,7 @@ void fab_endpoint_destroy(fab_endpoint* ep) {
     fab_list_del(it);
     fab_endpoint_destroy(FAB_CONTAINER_OF(it, fab_endpoint, private_node));
   }
+  ep->destroying = 1;
   /* Closing the endpoint first guarantees libfabric no longer references any
    * context or buffer of ours; only then is everything freed. */
   if (ep->ep) fi_close(&ep->ep->fid);
@@ -207,6 +209,7 @@ int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* 
   for (size_t i = 0; i < ep->av_count; i++) {
     fab_av_entry* a = &ep->av_cache[i];
     if (a->hash == h && a->len == len && !memcmp(a->addr, addr, len)) {
+      a->refs++;
       *out = a->fi_addr;
       return 0;
     }
@@ -226,8 +229,25 @@ int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* 
   a->len = len;
   memcpy(a->addr, addr, len);
   a->fi_addr = fa;
+  a->refs = 1;
   *out = fa;
   return 0;
+}
+
+void fab_ep_av_release(fab_endpoint* ep, fi_addr_t fa) {
+  if (fa == FI_ADDR_NOTAVAIL) return;
+  for (size_t i = 0; i < ep->av_count; i++) {
+    fab_av_entry* a = &ep->av_cache[i];
+    if (a->fi_addr != fa) continue;
+    if (a->refs > 0) a->refs--;
+    if (a->refs > 0 || !ep->dev->local_only || ep->destroying) return;
+    int rc = fi_av_remove(ep->av, &fa, 1, 0);
+    if (rc != 0)
+      FAB_INFO(FAB_SUBSYS_NET, "fi_av_remove on %s: %s; the address stays mapped", ep->dev->name, fi_strerror(-rc));
+    else
+      ep->av_cache[i] = ep->av_cache[--ep->av_count];
+    return;
+  }
 }
 
 /* A printable address: the peer's when a is an AV entry, else our own. */

@@ -122,6 +122,7 @@ typedef struct fab_av_entry {
   size_t len;
   uint8_t addr[FAB_ADDR_MAX];
   fi_addr_t fi_addr;
+  uint32_t refs; /* comms and refusals using it */
 } fab_av_entry;
 
 struct fab_endpoint {
@@ -134,6 +135,7 @@ struct fab_endpoint {
   size_t addr_len;
   int cq_batch;
   _Atomic fab_result failed; /* sticky after the CQ itself failed; read without the lock */
+  int destroying;             /* teardown under way: no AV removals */
   /* handshake state, under lock */
   struct fab_ctrl_rx* ctrl_rx; /* FAB_CTRL_RX connect-request receives, posted on first listen */
   fab_list listens;
@@ -293,8 +295,14 @@ fab_result fab_ep_progress_locked(fab_endpoint* ep);
  * round trip of ours on top of the provider's own. */
 fab_result fab_ep_poll(fab_endpoint* ep);
 static inline void fab_ep_try_progress(fab_endpoint* ep) { fab_ep_poll(ep); }
-/* Inserts (or finds) a peer address. Caller holds ep->lock. */
+/* Inserts (or finds) a peer address and takes a reference on it. Caller
+ * holds ep->lock. */
 int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out);
+/* Drops a reference. On local-only providers the last one removes the address
+ * from the AV: their send endpoints are per comm, so without removal the
+ * shared endpoint would accumulate one address per comm ever connected (shm
+ * maps at most 256). Caller holds ep->lock, or ep is being destroyed. */
+void fab_ep_av_release(fab_endpoint* ep, fi_addr_t a);
 void fab_ep_peer_name(fab_endpoint* ep, fi_addr_t a, char* buf, size_t len);
 void fab_ep_park(fab_endpoint* ep, fab_parked* p);
 /* Registers a control-message buffer where the provider needs descriptors

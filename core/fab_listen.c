@@ -13,11 +13,14 @@ typedef struct refusal {
   fab_op op;
   fab_wire_accept msg;
   struct fid_mr* mr;
+  fab_endpoint* ep;
+  fi_addr_t peer;
 } refusal;
 
 static void refusal_destroy(fab_parked* p) {
   refusal* r = FAB_CONTAINER_OF(p, refusal, park);
   fab_ep_ctrl_dereg(r->mr);
+  fab_ep_av_release(r->ep, r->peer);
   free(r);
 }
 
@@ -31,7 +34,12 @@ void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t sta
   fi_addr_t peer;
   if (fab_ep_av_insert(ep, req->addr, req->addr_len, &peer) != 0) return;
   refusal* r = calloc(1, sizeof(*r));
-  if (!r) return;
+  if (!r) {
+    fab_ep_av_release(ep, peer);
+    return;
+  }
+  r->ep = ep;
+  r->peer = peer;
   r->park.destroy = refusal_destroy;
   fab_op_init(&r->op, refusal_done, r, 0);
   fab_wire_accept_encode(&r->msg, status, req->listen_id, req->connector_id, 0);
@@ -182,7 +190,9 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
   }
   int rc = fab_ep_av_insert(ep, req->addr, req->addr_len, &c->peer);
   if (rc != 0) {
-    FAB_WARN("accept: the connector's address cannot be used (%s); refused it", fi_strerror(-rc));
+    FAB_WARN("accept: cannot add the connector's address on %s (%s), so it cannot be answered and fails after "
+             "FABRIC_CONNECT_TIMEOUT_MS; on shm an endpoint maps at most 256 peers (lower "
+             "FABRIC_LOCAL_SEND_ENDPOINTS)", ep->dev->name, fi_strerror(-rc));
     fab_comm_free(c);
     return NULL;
   }
@@ -293,7 +303,7 @@ int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->listens) {
     fab_listener* l = FAB_CONTAINER_OF(it, fab_listener, node);
     if (l->owner != owner) continue;
-    fab_obj_remove(l->handle, FAB_OBJ_LISTEN);
+    if (fab_obj_remove(l->handle, FAB_OBJ_LISTEN) != l) continue; /* the runtime is closing it right now */
     listen_free_locked(l, 1);
     n++;
   }

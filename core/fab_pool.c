@@ -1,8 +1,55 @@
 #include "fab_pool.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+
+/* Released pool mappings are kept (emptied with MADV_DONTNEED: no resident
+ * memory, zero on next touch) and reused, never unmapped. A request pointer
+ * the runtime keeps past closing its comm then still reads as a zeroed, or
+ * reused, object that fab_test refuses with a WARN instead of faulting. */
+typedef struct spare_mapping {
+  char* base;
+  size_t bytes;
+} spare_mapping;
+
+static pthread_mutex_t spares_lock = PTHREAD_MUTEX_INITIALIZER;
+static spare_mapping* spares;
+static size_t nspares, spares_cap;
+
+static char* mapping_get(size_t bytes) {
+  char* base = NULL;
+  pthread_mutex_lock(&spares_lock);
+  for (size_t i = 0; i < nspares; i++) {
+    if (spares[i].bytes != bytes) continue;
+    base = spares[i].base;
+    spares[i] = spares[--nspares];
+    break;
+  }
+  pthread_mutex_unlock(&spares_lock);
+  if (base) return base;
+  void* m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return m == MAP_FAILED ? NULL : m;
+}
+
+static void mapping_put(char* base, size_t bytes) {
+  madvise(base, bytes, MADV_DONTNEED);
+  pthread_mutex_lock(&spares_lock);
+  if (nspares == spares_cap) {
+    size_t cap = spares_cap ? 2 * spares_cap : 64;
+    spare_mapping* more = realloc(spares, cap * sizeof(*more));
+    if (!more) {
+      pthread_mutex_unlock(&spares_lock);
+      munmap(base, bytes); /* out of memory: give it back after all */
+      return;
+    }
+    spares = more;
+    spares_cap = cap;
+  }
+  spares[nspares++] = (spare_mapping){base, bytes};
+  pthread_mutex_unlock(&spares_lock);
+}
 
 int fab_pool_init(fab_pool* p, uint32_t count, size_t size) {
   memset(p, 0, sizeof(*p));
@@ -13,12 +60,11 @@ int fab_pool_init(fab_pool* p, uint32_t count, size_t size) {
    * handed out. Objects go out lowest index first, so a comm that never has
    * more than k requests in flight only ever touches its first k objects. */
   p->bytes = (p->stride * count + 4095) & ~(size_t)4095;
-  void* base = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (base == MAP_FAILED) return -1;
-  p->base = base;
+  p->base = mapping_get(p->bytes);
+  if (!p->base) return -1;
   p->free_idx = malloc(sizeof(uint32_t) * count);
   if (!p->free_idx) {
-    munmap(p->base, p->bytes);
+    mapping_put(p->base, p->bytes);
     p->base = NULL;
     return -1;
   }
@@ -30,7 +76,7 @@ int fab_pool_init(fab_pool* p, uint32_t count, size_t size) {
 }
 
 void fab_pool_fini(fab_pool* p) {
-  if (p->base) munmap(p->base, p->bytes);
+  if (p->base) mapping_put(p->base, p->bytes);
   free(p->free_idx);
   p->base = NULL;
   p->free_idx = NULL;

@@ -518,3 +518,54 @@ PAIR_TEST(finalize_leaves_other_contexts, 120) {
   free(rb);
   ut_pair_finish(&p);
 }
+
+/* Communicators come and go in a long-lived process: connect and close a
+ * pair of comms many times while the context (and the shared endpoint) stays.
+ * On shm every send comm's own endpoint has a new address, and an endpoint
+ * maps at most 256 peers: the addresses of closed comms must be released or
+ * accept fails after about 255 rounds. */
+PAIR_TEST(connect_close_cycles, 300) {
+  ut_use_provider(prov);
+  ut_pair p;
+  ut_pair_start(&p);
+  ut_side s;
+  ut_side_open(&s, &p);
+  enum { CYCLES = 300 };
+  char sb[256], rb[256];
+  void* stale = NULL; /* a request of a comm closed since: test must refuse it, not fault */
+  for (int cyc = 0; cyc < CYCLES; cyc++) {
+    void *sc, *rc, *lc;
+    ut_connect_many(&s, &p, 1, &sc, &rc, &lc);
+    if (cyc % 60 == 0 || cyc == CYCLES - 1) { /* traffic on some rounds: the comms work */
+      void *smh, *rmh;
+      UT_OK(s.api->reg_mr(sc, sb, sizeof(sb), FAB_PTR_HOST, &smh));
+      UT_OK(s.api->reg_mr(rc, rb, sizeof(rb), FAB_PTR_HOST, &rmh));
+      ut_fill(sb, sizeof(sb), seed_of(p.role, sizeof(sb), cyc));
+      void* d = rb;
+      size_t rsz = sizeof(rb);
+      int tag = cyc;
+      void* rq = ut_irecv(&s, rc, 1, &d, &rsz, &tag, &rmh);
+      void* sq = ut_isend(&s, sc, sb, sizeof(sb), tag, smh);
+      UT_OK(ut_wait(&s, sq, NULL, WAIT_MS));
+      UT_OK(ut_wait(&s, rq, NULL, WAIT_MS));
+      if (!stale) stale = sq;
+      UT_CHECK(ut_verify(rb, sizeof(rb), seed_of(!p.role, sizeof(sb), cyc)) < 0, "round %d: data differs", cyc);
+      UT_OK(s.api->dereg_mr(sc, smh));
+      UT_OK(s.api->dereg_mr(rc, rmh));
+    }
+    ut_pair_sync(&p);
+    UT_OK(s.api->close_send(sc));
+    UT_OK(s.api->close_recv(rc));
+    UT_OK(s.api->close_listen(lc));
+    ut_pair_sync(&p);
+    if (cyc == 0) {
+      int done = 0;
+      UT_CHECK(s.api->test(stale, &done, NULL) != FAB_OK && !done, "test of a closed comm's request succeeded");
+      UT_CHECK(ut_warns() == 1, "%d WARN lines for one stale request", ut_warns());
+      ut_reset_warns();
+    }
+  }
+  UT_CHECK(ut_warns() == 0, "%d unexpected WARN lines", ut_warns());
+  ut_side_close(&s);
+  ut_pair_finish(&p);
+}

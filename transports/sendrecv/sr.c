@@ -171,11 +171,12 @@ static int post_subs(fab_comm* c, fab_req* r) {
 
 /* Gives up on the receives of r that could not be posted. Takes the
  * endpoint lock: once r is posted, pending changes only under it (sub_done). */
-static void abandon_unposted(fab_req* r) {
+static void abandon_unposted(fab_req* r, const char* why) {
   int missing = r->n - r->nposted;
-  if (r->result == FAB_OK) r->result = FAB_ERR_SYSTEM;
   fab_endpoint* ep = r->comm->ep;
-  pthread_mutex_lock(&ep->lock);
+  pthread_mutex_lock(&ep->lock); /* record_error writes result and errmsg under it */
+  if (r->result == FAB_OK) r->result = FAB_ERR_SYSTEM;
+  if (why && !r->errmsg) r->errmsg = strdup(why);
   int left = atomic_load_explicit(&r->pending, memory_order_relaxed) - missing;
   atomic_store_explicit(&r->pending, left, memory_order_release);
   pthread_mutex_unlock(&ep->lock);
@@ -192,8 +193,7 @@ static int flush_backlog(fab_comm* c) {
   if (rc == -FI_EAGAIN) return rc;
   c->backlog = NULL;
   if (rc != 0) {
-    r->errmsg = strdup("posting the rest of a grouped receive failed");
-    abandon_unposted(r);
+    abandon_unposted(r, "posting the rest of a grouped receive failed");
   }
   return 0;
 }
@@ -235,7 +235,7 @@ static fab_result sr_irecv(fab_comm* c, int n, void** data, const size_t* sizes,
   }
   /* Some receives are posted and cannot be taken back: the request stays
    * with the comm (closing cancels them) and the caller gets the error. */
-  abandon_unposted(r);
+  abandon_unposted(r, NULL);
   FAB_WARN("irecv of %d buffers from %s: fi_trecv of buffer %d failed: %s", n, c->peer_name, r->nposted,
            fi_strerror(-rc));
   return fab_result_from_fi(-rc);
@@ -267,7 +267,7 @@ static int orphan(fab_req* r) {
   fab_comm* c = r->comm;
   if (c->backlog == r) {
     c->backlog = NULL;
-    abandon_unposted(r);
+    abandon_unposted(r, NULL);
   }
   pthread_mutex_lock(&c->ep->lock);
   int complete = atomic_load_explicit(&r->pending, memory_order_acquire) == 0;
