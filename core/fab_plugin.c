@@ -152,6 +152,7 @@ __attribute__((destructor)) static void fab_unload(void) {
   pthread_mutex_lock(&fab_g.lock);
   if (fab_g.up) engine_down();
   pthread_mutex_unlock(&fab_g.lock);
+  fab_pool_release_spares();
 }
 
 /* --- lookups used by the other entry points --------------------------------- */

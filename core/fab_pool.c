@@ -51,6 +51,15 @@ static void mapping_put(char* base, size_t bytes) {
   pthread_mutex_unlock(&spares_lock);
 }
 
+void fab_pool_release_spares(void) {
+  pthread_mutex_lock(&spares_lock);
+  for (size_t i = 0; i < nspares; i++) munmap(spares[i].base, spares[i].bytes);
+  free(spares);
+  spares = NULL;
+  nspares = spares_cap = 0;
+  pthread_mutex_unlock(&spares_lock);
+}
+
 int fab_pool_init(fab_pool* p, uint32_t count, size_t size) {
   memset(p, 0, sizeof(*p));
   fab_spin_init(&p->lock);

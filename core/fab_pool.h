@@ -29,6 +29,8 @@ typedef struct fab_pool {
  * out of memory. */
 int fab_pool_init(fab_pool* p, uint32_t count, size_t size);
 void fab_pool_fini(fab_pool* p);
+/* Unmaps the released pool mappings kept for reuse; at library unload. */
+void fab_pool_release_spares(void);
 
 static inline void* fab_pool_get(fab_pool* p) {
   void* obj = NULL;
