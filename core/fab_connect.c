@@ -278,11 +278,10 @@ fab_result fab_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config* conf
   if (!send_comm) return fab_bad_argument("connect", "sendComm", 0, "a non-NULL pointer");
   *send_comm = NULL;
   if (!handle) return fab_bad_argument("connect", "handle", 0, "a non-NULL 128-byte handle");
-  fab_ctx* ctx = fab_ctx_resolve(ctx_handle, "connect");
-  fab_device* d = ctx ? fab_device_get(dev, "connect") : NULL;
-  if (!d) return FAB_ERR_INTERNAL;
+  fab_ctx* ctx;
+  fab_device* d;
   fab_endpoint* home;
-  fab_result rc = fab_endpoint_get(d, &home);
+  fab_result rc = fab_ctx_endpoint(ctx_handle, dev, "connect", &ctx, &d, &home);
   if (rc != FAB_OK) return rc;
   pthread_mutex_lock(&home->lock);
   int64_t now = fab_now_ms();

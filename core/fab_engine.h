@@ -246,7 +246,10 @@ extern fab_engine fab_g;
 /* fab_plugin.c */
 fab_ctx* fab_ctx_resolve(fab_ctx* handle, const char* fn); /* NULL -> process context; WARNs */
 fab_device* fab_device_get(int dev, const char* fn);        /* WARNs */
-fab_result fab_endpoint_get(fab_device* dev, fab_endpoint** out);
+/* listen/connect prologue: the context (NULL handle: the process context),
+ * device dev and its shared endpoint; WARNs and returns the error. */
+fab_result fab_ctx_endpoint(fab_ctx* handle, int dev, const char* fn, fab_ctx** ctx, fab_device** d,
+                            fab_endpoint** ep);
 
 /* fab_device.c */
 fab_result fab_devices_discover(void);

@@ -132,11 +132,10 @@ fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_
   if (!listen_comm) return fab_bad_argument("listen", "listenComm", 0, "a non-NULL pointer");
   *listen_comm = NULL;
   if (!handle) return fab_bad_argument("listen", "handle", 0, "a non-NULL 128-byte buffer");
-  fab_ctx* ctx = fab_ctx_resolve(ctx_handle, "listen");
-  fab_device* d = ctx ? fab_device_get(dev, "listen") : NULL;
-  if (!d) return FAB_ERR_INTERNAL;
+  fab_ctx* ctx;
+  fab_device* d;
   fab_endpoint* ep;
-  fab_result rc = fab_endpoint_get(d, &ep);
+  fab_result rc = fab_ctx_endpoint(ctx_handle, dev, "listen", &ctx, &d, &ep);
   if (rc != FAB_OK) return rc;
   fab_listener* l = calloc(1, sizeof(*l));
   if (!l) {

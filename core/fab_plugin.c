@@ -180,7 +180,7 @@ fab_device* fab_device_get(int dev, const char* fn) {
   return fab_g.devs[dev];
 }
 
-fab_result fab_endpoint_get(fab_device* dev, fab_endpoint** out) {
+static fab_result endpoint_get(fab_device* dev, fab_endpoint** out) {
   int idx = dev->carrier;
   fab_endpoint* ep = atomic_load_explicit(&fab_g.eps[idx], memory_order_acquire);
   if (FAB_LIKELY(ep != NULL)) {
@@ -199,6 +199,14 @@ fab_result fab_endpoint_get(fab_device* dev, fab_endpoint** out) {
   pthread_mutex_unlock(&fab_g.lock);
   *out = ep;
   return rc;
+}
+
+fab_result fab_ctx_endpoint(fab_ctx* handle, int dev, const char* fn, fab_ctx** ctx, fab_device** d,
+                            fab_endpoint** ep) {
+  *ctx = fab_ctx_resolve(handle, fn);
+  *d = *ctx ? fab_device_get(dev, fn) : NULL;
+  if (!*d) return FAB_ERR_INTERNAL;
+  return endpoint_get(*d, ep);
 }
 
 /* --- devices -------------------------------------------------------------------- */
