@@ -134,7 +134,7 @@ void fab_comm_check_peer(fab_comm* c) {
       now - c->last_probe_ms >= FAB_PROBE_INTERVAL_MS) {
     c->last_probe_ms = now;
     atomic_fetch_add(&c->inflight, 1);
-    if (fi_tsend(ep->ep, NULL, 0, NULL, c->peer, fab_tag_connect(&ep->dev->tags), &c->probe_op.ctx) == 0)
+    if (fi_send(ep->ep, NULL, 0, NULL, c->peer, &c->probe_op.ctx) == 0)
       c->probe_posted = 1;
     else
       atomic_fetch_sub(&c->inflight, 1);

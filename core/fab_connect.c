@@ -209,8 +209,7 @@ static fab_result post(fab_pending* pc) {
     }
   }
   if (rc == 0 && pc->req_state == FAB_SUB_IDLE) {
-    rc = fi_tsend(ep->ep, &pc->msg.req, sizeof(pc->msg.req), pc->desc, pc->comm->peer, fab_tag_connect(t),
-                  &pc->req_op.ctx);
+    rc = fi_send(ep->ep, &pc->msg.req, sizeof(pc->msg.req), pc->desc, pc->comm->peer, &pc->req_op.ctx);
     if (rc == 0) {
       pc->req_state = FAB_SUB_POSTED;
       pc->inflight++;

@@ -65,8 +65,7 @@ static fab_listener* find_listen(fab_endpoint* ep, uint64_t id) {
 
 static int ctrl_rx_post(fab_ctrl_rx* rx) {
   fab_endpoint* ep = rx->ep;
-  return (int)fi_trecv(ep->ep, &rx->msg, sizeof(rx->msg), rx->desc, FI_ADDR_UNSPEC, fab_tag_connect(&ep->dev->tags),
-                       0, &rx->op.ctx);
+  return (int)fi_recv(ep->ep, &rx->msg, sizeof(rx->msg), rx->desc, FI_ADDR_UNSPEC, &rx->op.ctx);
 }
 
 static void ctrl_rx_deliver(fab_endpoint* ep, const fab_wire_connect* raw, size_t len) {

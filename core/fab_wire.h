@@ -16,7 +16,7 @@
 #include "fab_core.h"
 
 enum {
-  FAB_WIRE_VERSION = 1,
+  FAB_WIRE_VERSION = 2, /* 2: connect requests and probes untagged */
   FAB_ADDR_MAX = 104, /* endpoint address bytes that fit in the handle */
 };
 
@@ -35,7 +35,7 @@ typedef struct fab_wire_handle {
   uint8_t addr[FAB_ADDR_MAX];
 } fab_wire_handle;
 
-/* Connect request, connector -> listener, tag fab_tag_connect(). */
+/* Connect request, connector -> listener: an untagged message (see tags). */
 typedef struct fab_wire_connect {
   uint32_t magic;
   uint16_t version;
@@ -81,6 +81,11 @@ int fab_wire_accept_decode(const void* buf, size_t len, fab_wire_accept* out, ch
 const char* fab_wire_status_str(unsigned status);
 
 /* --- tags ------------------------------------------------------------------
+ * Connect requests and liveness probes are untagged messages (fi_send into
+ * the endpoint's posted fi_recv buffers): they never sit in the tagged
+ * receive queue, which providers search linearly for every arriving data
+ * message. Tagged are the data and the connect answers.
+ *
  * 64-bit tag, high to low, for a provider with B usable tag bits:
  *   bit B-1        control (handshake) message
  *   bit B-2        (control only) the message is an answer
@@ -104,7 +109,6 @@ int fab_tag_layout_init(fab_tag_layout* t, uint64_t mem_tag_format);
 static inline uint64_t fab_tag_data(uint32_t conn_id, int tag) {
   return ((uint64_t)conn_id << 32) | (uint32_t)tag;
 }
-static inline uint64_t fab_tag_connect(const fab_tag_layout* t) { return t->ctrl; }
 static inline uint64_t fab_tag_accept(const fab_tag_layout* t, uint32_t connector_id) {
   return t->ctrl | t->answer | connector_id;
 }
