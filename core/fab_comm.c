@@ -1,8 +1,10 @@
 /*
  * Send and recv comm lifetime. A closed comm with operations in flight is
  * parked on its endpoint (posted receives are cancelled first) and freed by
- * its last completion, or by endpoint teardown after the libfabric endpoint
- * is closed: memory a pending operation points at is never freed early.
+ * the first progress of the endpoint that finds all its operations complete
+ * (fab_comm_sweep_closed), or by endpoint teardown after the libfabric
+ * endpoint is closed: memory a pending operation points at is never freed
+ * early.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,9 +53,9 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, f
 void fab_comm_req_first_use(fab_comm* c, fab_req* r) {
   uint32_t nsub = c->kind == FAB_OBJ_SEND ? c->ops->send_subs : c->ops->recv_subs;
   uint32_t idx = (uint32_t)(((char*)r - c->reqs.base) / c->reqs.stride);
-  uint32_t seen = atomic_load_explicit(&c->reqs.used, memory_order_relaxed);
-  while (idx >= seen && !atomic_compare_exchange_weak(&c->reqs.used, &seen, idx + 1)) {
-  }
+  /* the pool's owner is the only writer of used; close-time scans read it */
+  if (idx >= atomic_load_explicit(&c->reqs.used, memory_order_relaxed))
+    atomic_store_explicit(&c->reqs.used, idx + 1, memory_order_release);
   r->pool_index = idx;
   r->magic = FAB_REQ_MAGIC;
   r->state = FAB_REQ_FREE;
@@ -63,14 +65,44 @@ void fab_comm_req_first_use(fab_comm* c, fab_req* r) {
 
 int fab_comm_busy(fab_comm* c) {
   if (atomic_load(&c->inflight) > 0) return 1;
-  uint32_t used = atomic_load(&c->reqs.used);
+  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
   for (uint32_t i = 0; i < used; i++) {
     fab_req* r = fab_pool_at(&c->reqs, i);
     if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
-    for (int k = 0; k < r->n; k++) /* a sub not (yet) posted is IDLE */
-      if (r->sub[k].state == FAB_SUB_POSTED) return 1;
+    /* acquire: a completion's last write to r is its pending count */
+    if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) return 1;
   }
   return 0;
+}
+
+/* ep lock held */
+static void park_closed(fab_endpoint* ep, fab_comm* c) {
+  fab_ep_park(ep, &c->park);
+  atomic_store_explicit(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+}
+
+static void release_closed(fab_comm* c) {
+  fab_endpoint* ep = c->ep;
+  fab_list_del(&c->park.node);
+  atomic_store_explicit(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) - 1,
+                        memory_order_relaxed);
+  fab_comm_free(c);
+}
+
+void fab_comm_op_done(fab_comm* c) {
+  fab_comm_count_completion(c);
+  if (atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel) == 1 && c->closing && !fab_comm_busy(c))
+    release_closed(c);
+}
+
+void fab_comm_sweep_closed(fab_endpoint* ep) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->parked) {
+    fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
+    if (p->destroy != comm_destroy) continue;
+    fab_comm* c = FAB_CONTAINER_OF(p, fab_comm, park);
+    if (!fab_comm_busy(c)) release_closed(c);
+  }
 }
 
 void fab_comm_free(fab_comm* c) {
@@ -119,8 +151,9 @@ void fab_comm_check_peer(fab_comm* c) {
   fab_endpoint* ep = c->ep;
   pthread_mutex_lock(&ep->lock);
   int64_t now = fab_now_ms();
-  if (c->ncompl != c->ncompl_seen) {
-    c->ncompl_seen = c->ncompl;
+  uint64_t ncompl = atomic_load_explicit(&c->ncompl, memory_order_relaxed);
+  if (ncompl != c->ncompl_seen) {
+    c->ncompl_seen = ncompl;
     c->stall_since_ms = 0;
   } else if (c->stall_since_ms == 0) {
     c->stall_since_ms = now;
@@ -187,7 +220,7 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
     pthread_mutex_lock(&ep->lock);
     fab_list_del(&c->park.node);
     c->closing = 1;
-    fab_ep_park(ep, &c->park);
+    park_closed(ep, c);
     pthread_mutex_unlock(&ep->lock);
     fab_endpoint_destroy(ep);
     return FAB_OK;
@@ -195,12 +228,12 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
   pthread_mutex_lock(&ep->lock);
   fab_list_del(&c->park.node);
   c->closing = 1;
+  c->ops->cancel(c); /* posted receives, and a grouped receive's unposted part */
   if (!fab_comm_busy(c)) {
     fab_comm_free(c);
   } else {
-    fab_ep_park(ep, &c->park);
-    c->ops->cancel(c);
-    fab_ep_progress_locked(ep); /* may free c */
+    park_closed(ep, c);
+    fab_ep_progress_locked(ep); /* reads the cancellations; may free c */
   }
   pthread_mutex_unlock(&ep->lock);
   return FAB_OK;

@@ -1,7 +1,8 @@
 /*
- * Endpoints: one libfabric endpoint, CQ and AV per (context, physical
- * device), created on first use. Completion dispatch lives here: every
- * operation's context is a fab_op whose fn handles the completion.
+ * Endpoints: one libfabric endpoint, CQ and AV per physical device (plus the
+ * own send endpoints of local-only providers), created on first use.
+ * Completion dispatch lives here: every operation's context is a fab_op whose
+ * fn handles the completion.
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -190,17 +191,44 @@ fab_result fab_ep_progress_locked(fab_endpoint* ep) {
   if (FAB_UNLIKELY(ep->failed)) return ep->failed;
   struct fi_cq_msg_entry e[FAB_CQ_BATCH_MAX];
   ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
-  return dispatch_locked(ep, e, n);
+  fab_result rc = dispatch_locked(ep, e, n);
+  if (FAB_UNLIKELY(atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0)) fab_comm_sweep_closed(ep);
+  return rc;
+}
+
+/* Successful completions: data operations right away, control operations
+ * under the lock (taken once per batch, and only when one is there). */
+static void dispatch_unlocked(fab_endpoint* ep, const struct fi_cq_msg_entry* e, ssize_t n) {
+  int locked = 0;
+  for (ssize_t i = 0; i < n; i++) {
+    fab_op* op = e[i].op_context;
+    if (FAB_UNLIKELY(op == NULL)) continue;
+    if (FAB_UNLIKELY(!op->unlocked) && !locked) {
+      pthread_mutex_lock(&ep->lock);
+      locked = 1;
+    }
+    op->fn(op, &e[i], NULL);
+  }
+  if (locked) pthread_mutex_unlock(&ep->lock);
 }
 
 fab_result fab_ep_poll(fab_endpoint* ep) {
   if (FAB_UNLIKELY(ep->failed)) return ep->failed;
   struct fi_cq_msg_entry e[FAB_CQ_BATCH_MAX];
   ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
-  if (n == -FI_EAGAIN) return FAB_OK;
-  pthread_mutex_lock(&ep->lock);
-  fab_result rc = dispatch_locked(ep, e, n);
-  pthread_mutex_unlock(&ep->lock);
+  fab_result rc = FAB_OK;
+  if (n > 0) {
+    dispatch_unlocked(ep, e, n);
+  } else if (FAB_UNLIKELY(n != -FI_EAGAIN)) {
+    pthread_mutex_lock(&ep->lock); /* an error entry, or the CQ failed */
+    rc = dispatch_locked(ep, e, n);
+    pthread_mutex_unlock(&ep->lock);
+  }
+  if (FAB_UNLIKELY(atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0)) {
+    pthread_mutex_lock(&ep->lock);
+    fab_comm_sweep_closed(ep);
+    pthread_mutex_unlock(&ep->lock);
+  }
   return rc;
 }
 

@@ -14,9 +14,12 @@
  *           providers (shm), owned by the comm, up to a cap
  *
  * Every libfabric operation carries a fab_op as its context; completions are
- * dispatched through fab_op.fn, under the endpoint's lock, which also
- * serialises handshake state. The data path reads the CQ without it and
- * otherwise takes only the request pool's spin lock.
+ * dispatched through fab_op.fn. Control operations (handshake, probes) are
+ * dispatched under the endpoint's lock, which serialises handshake state;
+ * data operations (fab_op.unlocked) without it. The data path takes no lock
+ * and no atomic read-modify-write of ours: like NCCL's own transports, it
+ * relies on NCCL calling the data functions of one comm from one thread at a
+ * time, so a comm's request pool belongs to that thread.
  */
 #ifndef FAB_ENGINE_H
 #define FAB_ENGINE_H
@@ -50,7 +53,8 @@ typedef struct fab_req fab_req;
 /* --- operations and parked objects ---------------------------------------- */
 
 typedef struct fab_op fab_op;
-/* Exactly one of done / err is non-NULL. Runs with the endpoint lock held. */
+/* Exactly one of done / err is non-NULL. Runs with the endpoint lock held,
+ * except a successful completion of an unlocked operation. */
 typedef void (*fab_op_fn)(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err);
 
 struct fab_op {
@@ -58,12 +62,23 @@ struct fab_op {
   fab_op_fn fn;
   void* owner;
   uint32_t index;
+  uint32_t unlocked; /* data operation: its success is dispatched without the endpoint lock */
 };
 
 static inline void fab_op_init(fab_op* op, fab_op_fn fn, void* owner, uint32_t index) {
   op->fn = fn;
   op->owner = owner;
   op->index = index;
+  op->unlocked = 0;
+}
+
+/* A data operation. Its fn, when called without the lock, may touch only its
+ * own request and the comm's completion counter, and must make the request's
+ * pending count its last write: a comm closed meanwhile is freed by whoever
+ * next sees all its requests' pending counts at zero (fab_comm_sweep_closed). */
+static inline void fab_op_init_unlocked(fab_op* op, fab_op_fn fn, void* owner, uint32_t index) {
+  fab_op_init(op, fn, owner, index);
+  op->unlocked = 1;
 }
 
 /* An object with operations in flight that nobody owns any more waits on its
@@ -135,6 +150,7 @@ struct fab_endpoint {
   size_t addr_len;
   int cq_batch;
   _Atomic fab_result failed; /* sticky after the CQ itself failed; read without the lock */
+  _Atomic int nclosing;       /* closed comms parked until their data operations complete */
   int destroying;             /* teardown under way: no AV removals */
   /* handshake state, under lock */
   struct fab_ctrl_rx* ctrl_rx; /* FAB_CTRL_RX connect-request receives, posted on first listen */
@@ -158,8 +174,9 @@ struct fab_endpoint {
 #define FAB_COMM_MAGIC 0x4d4d4f43u /* "COMM" */
 #define FAB_REQ_MAGIC 0x51455246u  /* "FREQ" */
 
-/* ORPHAN: test reported it failed (its comm's peer is gone) while a libfabric
- * operation still references it; its last completion returns it to the pool. */
+/* ORPHAN: test reported it failed (its comm failed for good) while a libfabric
+ * operation still references it; it stays out of the pool until the comm is
+ * freed. */
 enum { FAB_REQ_FREE = 0, FAB_REQ_ACTIVE = 1, FAB_REQ_ORPHAN = 2 };
 enum { FAB_REQ_SEND = 1, FAB_REQ_RECV = 2 };
 enum { FAB_SUB_IDLE = 0, FAB_SUB_POSTED = 1, FAB_SUB_DONE = 2 };
@@ -171,8 +188,13 @@ typedef struct fab_sub {
   size_t got;  /* bytes received */
   void* desc;
   uint64_t tag;
-  int state; /* FAB_SUB_* */
+  _Atomic int state; /* FAB_SUB_*; set DONE by its completion, in any thread */
 } fab_sub;
+
+static inline void fab_sub_set_state(fab_sub* s, int state) {
+  atomic_store_explicit(&s->state, state, memory_order_relaxed);
+}
+static inline int fab_sub_state(fab_sub* s) { return atomic_load_explicit(&s->state, memory_order_relaxed); }
 
 struct fab_req {
   uint32_t magic;
@@ -180,7 +202,8 @@ struct fab_req {
   uint8_t type;  /* FAB_REQ_SEND / RECV */
   uint8_t n;
   uint8_t nposted;
-  _Atomic int pending; /* sub-operations not completed yet (posted or not) */
+  _Atomic int pending; /* sub-operations not completed yet (posted or not); the last
+                        * write of a completion: 0 hands r back to its owner */
   fab_result result;   /* first error of a sub-operation */
   uint32_t pool_index; /* its slot in comm->reqs */
   char* errmsg;        /* its description (error path only) */
@@ -214,8 +237,10 @@ struct fab_comm {
   fab_op answer_op;     /* recv: the accept answer in flight */
   fab_wire_accept answer;
   struct fid_mr* answer_mr;
-  /* peer liveness (ep lock; stall_polls is a relaxed counter of not-done tests) */
-  uint64_t ncompl, ncompl_seen;
+  /* peer liveness (ep lock; ncompl and stall_polls are relaxed counters
+   * bumped without it) */
+  _Atomic uint64_t ncompl;
+  uint64_t ncompl_seen;
   int64_t stall_since_ms, last_probe_ms;
   int probe_posted;
   _Atomic uint32_t stall_polls;
@@ -314,29 +339,26 @@ int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr,
 void fab_ep_ctrl_dereg(struct fid_mr* mr);
 
 /* 1 while libfabric still holds an operation context of c: a control
- * operation (inflight) or a posted data sub-operation not yet completed.
- * Scans the comm's used requests: for close time only. ep lock held. */
+ * operation (inflight) or a request with a posted sub-operation that has not
+ * completed (pending > 0; a grouped receive's unposted part is abandoned when
+ * the comm closes). Scans the comm's used requests: for close time only. */
 int fab_comm_busy(fab_comm* c);
+
+/* A sign of life for the liveness check: a load and a store, not an atomic
+ * add, since completions of one comm may be dispatched by several threads
+ * and a lost count only delays the check. */
+static inline void fab_comm_count_completion(fab_comm* c) {
+  atomic_store_explicit(&c->ncompl, atomic_load_explicit(&c->ncompl, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+}
 
 /* Accounting of one completed control operation (probe, accept answer) of
  * comm c; frees a closed comm with its last completion. ep lock held. */
-static inline void fab_comm_op_done(fab_comm* c) {
-  c->ncompl++;
-  if (atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel) == 1 && c->closing && !fab_comm_busy(c)) {
-    fab_list_del(&c->park.node);
-    fab_comm_free(c);
-  }
-}
+void fab_comm_op_done(fab_comm* c);
 
-/* The same for a data sub-operation, which the transport tracks in its
- * request (no shared counter on the data path). ep lock held. */
-static inline void fab_comm_data_done(fab_comm* c) {
-  c->ncompl++;
-  if (FAB_UNLIKELY(c->closing) && !fab_comm_busy(c)) {
-    fab_list_del(&c->park.node);
-    fab_comm_free(c);
-  }
-}
+/* Frees the closed comms parked on ep whose operations have all completed.
+ * ep lock held. Called by every progress of ep while ep->nclosing > 0. */
+void fab_comm_sweep_closed(fab_endpoint* ep);
 
 
 /* Maps libfabric errors onto result codes: peer loss -> REMOTE, else SYSTEM. */

@@ -62,7 +62,6 @@ void fab_pool_release_spares(void) {
 
 int fab_pool_init(fab_pool* p, uint32_t count, size_t size) {
   memset(p, 0, sizeof(*p));
-  fab_spin_init(&p->lock);
   if (!count || !size) return -1;
   p->stride = (size + 63) & ~(size_t)63;
   /* Anonymous pages: zero and not resident until an object on them is first

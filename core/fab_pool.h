@@ -1,8 +1,11 @@
 /*
  * Fixed-capacity pool of equally sized objects, allocated once when a comm is
  * created: the data path takes and returns objects without calling malloc.
- * A short spin lock makes get/put safe from several threads; objects keep
- * their contents while free, so a freed request still reads as "not active".
+ * A pool has one owner at a time (the thread driving its comm: NCCL calls the
+ * data functions of one comm from one thread at a time, and its own
+ * transports keep their requests the same way), so get and put take no lock.
+ * Objects keep their contents while free, so a freed request still reads as
+ * "not active".
  */
 #ifndef FAB_POOL_H
 #define FAB_POOL_H
@@ -21,7 +24,6 @@ typedef struct fab_pool {
   uint32_t count;
   uint32_t nfree;
   uint32_t* free_idx; /* stack of free indices */
-  fab_spin lock;
 } fab_pool;
 
 /* count objects of size bytes each (rounded up to 64-byte lines), zeroed;
@@ -33,26 +35,16 @@ void fab_pool_fini(fab_pool* p);
 void fab_pool_release_spares(void);
 
 static inline void* fab_pool_get(fab_pool* p) {
-  void* obj = NULL;
-  fab_spin_lock(&p->lock);
-  if (p->nfree) obj = p->base + (size_t)p->free_idx[--p->nfree] * p->stride;
-  fab_spin_unlock(&p->lock);
-  return obj;
+  if (FAB_UNLIKELY(p->nfree == 0)) return NULL;
+  return p->base + (size_t)p->free_idx[--p->nfree] * p->stride;
 }
 
 /* Returns the object at index idx (callers that keep the index avoid the
  * division of fab_pool_put). */
-static inline void fab_pool_put_index(fab_pool* p, uint32_t idx) {
-  fab_spin_lock(&p->lock);
-  p->free_idx[p->nfree++] = idx;
-  fab_spin_unlock(&p->lock);
-}
+static inline void fab_pool_put_index(fab_pool* p, uint32_t idx) { p->free_idx[p->nfree++] = idx; }
 
 static inline void fab_pool_put(fab_pool* p, void* obj) {
-  uint32_t idx = (uint32_t)(((char*)obj - p->base) / p->stride);
-  fab_spin_lock(&p->lock);
-  p->free_idx[p->nfree++] = idx;
-  fab_spin_unlock(&p->lock);
+  fab_pool_put_index(p, (uint32_t)(((char*)obj - p->base) / p->stride));
 }
 
 static inline void* fab_pool_at(const fab_pool* p, uint32_t idx) { return p->base + (size_t)idx * p->stride; }

@@ -43,27 +43,6 @@ static inline fab_list* fab_list_pop(fab_list* head) {
 #define FAB_LIST_FOREACH_SAFE(it, tmp, head) \
   for (fab_list *it = (head)->next, *tmp = it->next; it != (head); it = tmp, tmp = it->next)
 
-/* --- spin lock for critical sections of a few instructions -------------- */
-
-typedef struct {
-  atomic_flag flag;
-} fab_spin;
-
-#define FAB_SPIN_INIT {ATOMIC_FLAG_INIT}
-
-static inline void fab_cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-static inline void fab_spin_init(fab_spin* s) { atomic_flag_clear(&s->flag); }
-static inline void fab_spin_lock(fab_spin* s) {
-  while (atomic_flag_test_and_set_explicit(&s->flag, memory_order_acquire)) fab_cpu_relax();
-}
-static inline void fab_spin_unlock(fab_spin* s) { atomic_flag_clear_explicit(&s->flag, memory_order_release); }
-
 /* --- misc --------------------------------------------------------------- */
 
 /* Monotonic clock in milliseconds. */

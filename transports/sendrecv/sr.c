@@ -12,9 +12,12 @@
  * backlog: its remaining receives are posted before any later receive of the
  * comm, so no later receive can overtake it.
  *
- * Hot path: no allocation, no lock but the pool's spin lock, no syscall of
- * our own; test reads the CQ only when its request is not yet complete and
- * skips the read when another thread is already draining that CQ.
+ * Hot path: no allocation, no lock, no atomic read-modify-write (but for a
+ * grouped receive's completions), no syscall of our own. The comm's request
+ * pool belongs to the thread driving the comm; a completion, dispatched by
+ * whichever thread reads it from the CQ, touches only its request and makes
+ * the request's pending count its last write. test reads the CQ only while
+ * its request is not complete.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,8 +67,6 @@ static void record_error(fab_req* r, fab_sub* s, const struct fi_cq_err_entry* e
   r->errmsg = strdup(msg);
 }
 
-static void req_put(fab_req* r);
-
 /* A send comm with its own endpoint (local-only providers) also drives its
  * device's shared endpoint, as a shared one would: whoever waits for a send
  * still lets the receives it may depend on progress. Only while r is still
@@ -76,27 +77,26 @@ static inline void progress(fab_comm* c, fab_req* r) {
     fab_ep_try_progress(c->home);
 }
 
+/* A sub-operation completed. Successes arrive without the endpoint lock,
+ * errors with it (record_error). */
 static void sub_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
   fab_req* r = op->owner;
   fab_sub* s = &r->sub[op->index];
-  fab_comm* c = r->comm;
-  s->state = FAB_SUB_DONE;
   if (FAB_LIKELY(done != NULL)) s->got = done->len;
   else record_error(r, s, err);
-  /* Read before pending drops: once it reaches 0 the owner may reuse r.
-   * ORPHAN is only set under the endpoint lock, which is held here. */
-  int orphaned = r->state == FAB_REQ_ORPHAN;
-  /* Completions are dispatched under the endpoint lock, and every other
-   * change of pending after posting (abandon_unposted) takes it too: a plain
-   * load and store suffice, no atomic read-modify-write on the data path. */
-  int left = atomic_load_explicit(&r->pending, memory_order_relaxed) - 1;
-  atomic_store_explicit(&r->pending, left, memory_order_release);
-  if (left == 0 && FAB_UNLIKELY(orphaned)) req_put(r); /* test already reported it failed */
-  fab_comm_data_done(c); /* may free c (and r) when c is closed */
+  fab_sub_set_state(s, FAB_SUB_DONE);
+  fab_comm_count_completion(r->comm);
+  /* The last write: at 0 the owner may reuse r, and a closed comm may be
+   * freed. A single operation is the only writer of its count once posted;
+   * the subs of a grouped receive may complete in two threads at once. */
+  if (FAB_LIKELY(r->n == 1))
+    atomic_store_explicit(&r->pending, 0, memory_order_release);
+  else
+    atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel);
 }
 
 static void sr_init_req(fab_comm* c, fab_req* r, uint32_t nsubs) {
-  for (uint32_t i = 0; i < nsubs; i++) fab_op_init(&r->sub[i].op, sub_done, r, i);
+  for (uint32_t i = 0; i < nsubs; i++) fab_op_init_unlocked(&r->sub[i].op, sub_done, r, i);
 }
 
 static inline fab_req* req_get(fab_comm* c, uint8_t type, int n) {
@@ -133,7 +133,7 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, void* 
   s->data = data;
   s->size = size;
   s->tag = c->tag_base | (uint32_t)tag;
-  s->state = FAB_SUB_POSTED;
+  fab_sub_set_state(s, FAB_SUB_POSTED);
   ssize_t rc = fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
     progress(c, NULL);
@@ -143,7 +143,7 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, void* 
     *request = r;
     return FAB_OK;
   }
-  s->state = FAB_SUB_IDLE;
+  fab_sub_set_state(s, FAB_SUB_IDLE);
   req_put(r);
   *request = NULL;
   if (rc == -FI_EAGAIN) return FAB_OK;
@@ -158,10 +158,10 @@ static int post_subs(fab_comm* c, fab_req* r) {
   struct fid_ep* ep = c->ep->ep;
   while (r->nposted < r->n) {
     fab_sub* s = &r->sub[r->nposted];
-    s->state = FAB_SUB_POSTED;
+    fab_sub_set_state(s, FAB_SUB_POSTED);
     ssize_t rc = fi_trecv(ep, s->data, s->size, s->desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
     if (FAB_UNLIKELY(rc != 0)) {
-      s->state = FAB_SUB_IDLE;
+      fab_sub_set_state(s, FAB_SUB_IDLE);
       return (int)rc;
     }
     r->nposted++;
@@ -169,16 +169,21 @@ static int post_subs(fab_comm* c, fab_req* r) {
   return 0;
 }
 
-/* Gives up on the receives of r that could not be posted. Takes the
- * endpoint lock: once r is posted, pending changes only under it (sub_done). */
-static void abandon_unposted(fab_req* r, const char* why) {
+/* Gives up on the receives of r that could not be posted (r->n > 1: its
+ * posted subs may be completing in other threads). Endpoint lock held:
+ * record_error writes result and errmsg under it. */
+static void abandon_unposted_locked(fab_req* r, const char* why) {
   int missing = r->n - r->nposted;
-  fab_endpoint* ep = r->comm->ep;
-  pthread_mutex_lock(&ep->lock); /* record_error writes result and errmsg under it */
   if (r->result == FAB_OK) r->result = FAB_ERR_SYSTEM;
   if (why && !r->errmsg) r->errmsg = strdup(why);
-  int left = atomic_load_explicit(&r->pending, memory_order_relaxed) - missing;
-  atomic_store_explicit(&r->pending, left, memory_order_release);
+  r->nposted = r->n;
+  atomic_fetch_sub_explicit(&r->pending, missing, memory_order_acq_rel);
+}
+
+static void abandon_unposted(fab_req* r, const char* why) {
+  fab_endpoint* ep = r->comm->ep;
+  pthread_mutex_lock(&ep->lock);
+  abandon_unposted_locked(r, why);
   pthread_mutex_unlock(&ep->lock);
 }
 
@@ -261,19 +266,18 @@ static fab_result sr_iflush(fab_comm* c, int n, void** data, const int* sizes, f
 /* --- test ---------------------------------------------------------------------- */
 
 /* The comm failed with r still pending: report the failure now and leave r
- * to its outstanding completions (or the comm's teardown). 1 when r turned
- * out to be complete after all. */
+ * to its outstanding completions: it stays out of the pool until the comm
+ * is freed (the failure is final, the comm can only be closed). 1 when r
+ * turned out to be complete after all. */
 static int orphan(fab_req* r) {
   fab_comm* c = r->comm;
   if (c->backlog == r) {
     c->backlog = NULL;
     abandon_unposted(r, NULL);
   }
-  pthread_mutex_lock(&c->ep->lock);
-  int complete = atomic_load_explicit(&r->pending, memory_order_acquire) == 0;
-  if (!complete) r->state = FAB_REQ_ORPHAN;
-  pthread_mutex_unlock(&c->ep->lock);
-  return complete;
+  if (atomic_load_explicit(&r->pending, memory_order_acquire) == 0) return 1;
+  r->state = FAB_REQ_ORPHAN;
+  return 0;
 }
 
 static fab_result still_pending(fab_req* r, int* done) {
@@ -318,14 +322,20 @@ static fab_result sr_test(fab_req* r, int* done, int* sizes) {
 
 /* --- close ----------------------------------------------------------------------- */
 
+/* Endpoint lock held (close, or the comm failed). */
 static void sr_cancel(fab_comm* c) {
   if (c->kind != FAB_OBJ_RECV) return; /* sends cannot be taken back: they complete or fail */
-  uint32_t used = atomic_load(&c->reqs.used);
+  if (c->closing && c->backlog) { /* its rest will never be posted (a failed comm's
+                                    * owner abandons it itself, in test) */
+    abandon_unposted_locked(c->backlog, NULL);
+    c->backlog = NULL;
+  }
+  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
   for (uint32_t i = 0; i < used; i++) {
     fab_req* r = fab_pool_at(&c->reqs, i);
-    if (r->state == FAB_REQ_FREE) continue;
+    if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
     for (int k = 0; k < r->n; k++) {
-      if (r->sub[k].state == FAB_SUB_POSTED) fi_cancel(&c->ep->ep->fid, &r->sub[k].op.ctx);
+      if (fab_sub_state(&r->sub[k]) == FAB_SUB_POSTED) fi_cancel(&c->ep->ep->fid, &r->sub[k].op.ctx);
     }
   }
 }
