@@ -75,18 +75,17 @@ int fab_comm_busy(fab_comm* c) {
   return 0;
 }
 
+static void nclosing_add(fab_endpoint* ep, int d);
+
 /* ep lock held */
 static void park_closed(fab_endpoint* ep, fab_comm* c) {
   fab_ep_park(ep, &c->park);
-  atomic_store_explicit(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) + 1,
-                        memory_order_relaxed);
+  nclosing_add(ep, 1);
 }
 
 static void release_closed(fab_comm* c) {
-  fab_endpoint* ep = c->ep;
   fab_list_del(&c->park.node);
-  atomic_store_explicit(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) - 1,
-                        memory_order_relaxed);
+  nclosing_add(c->ep, -1);
   fab_comm_free(c);
 }
 
@@ -96,6 +95,31 @@ void fab_comm_op_done(fab_comm* c) {
     release_closed(c);
 }
 
+static void nclosing_add(fab_endpoint* ep, int d) {
+  atomic_store_explicit(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) + d,
+                        memory_order_relaxed);
+}
+
+/* An own endpoint is destroyed once its closed comm's sends are complete:
+ * closing it earlier pulls the sender's side out from under a transfer the
+ * receiver may still be reading (shm's large-message protocols). home lock
+ * held (the lock order is home, then own). */
+static void progress_retiring(fab_endpoint* home) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &home->privates) {
+    fab_endpoint* own = FAB_CONTAINER_OF(it, fab_endpoint, private_node);
+    if (!own->retiring) continue;
+    pthread_mutex_lock(&own->lock);
+    fab_ep_progress_locked(own); /* frees the comm when its sends are done */
+    int idle = atomic_load_explicit(&own->nclosing, memory_order_relaxed) == 0;
+    pthread_mutex_unlock(&own->lock);
+    if (!idle) continue;
+    fab_list_del(&own->private_node);
+    home->nprivates--;
+    nclosing_add(home, -1);
+    fab_endpoint_destroy(own);
+  }
+}
+
 void fab_comm_sweep_closed(fab_endpoint* ep) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->parked) {
     fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
@@ -103,6 +127,7 @@ void fab_comm_sweep_closed(fab_endpoint* ep) {
     fab_comm* c = FAB_CONTAINER_OF(p, fab_comm, park);
     if (!fab_comm_busy(c)) release_closed(c);
   }
+  if (!fab_list_empty(&ep->privates)) progress_retiring(ep);
 }
 
 void fab_comm_free(fab_comm* c) {
@@ -201,6 +226,32 @@ uint32_t fab_conn_id_next(fab_endpoint* ep) {
   }
 }
 
+/* A send comm with its own endpoint: the endpoint goes with it, at once when
+ * no send is in flight, else once the home endpoint's progress finds them
+ * complete (progress_retiring). */
+static fab_result close_own_endpoint_comm(fab_comm* c) {
+  fab_endpoint* own = c->ep;
+  fab_endpoint* home = c->home;
+  pthread_mutex_lock(&home->lock);
+  pthread_mutex_lock(&own->lock);
+  fab_list_del(&c->park.node);
+  c->closing = 1;
+  park_closed(own, c);
+  fab_ep_progress_locked(own); /* frees c when nothing is in flight */
+  int idle = atomic_load_explicit(&own->nclosing, memory_order_relaxed) == 0;
+  pthread_mutex_unlock(&own->lock);
+  if (idle) {
+    fab_list_del(&own->private_node);
+    home->nprivates--;
+  } else {
+    own->retiring = 1;
+    nclosing_add(home, 1);
+  }
+  pthread_mutex_unlock(&home->lock);
+  if (idle) fab_endpoint_destroy(own);
+  return FAB_OK;
+}
+
 static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
   fab_comm* c = fab_obj_remove(handle, kind);
   if (!c) {
@@ -210,21 +261,7 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
     return FAB_ERR_INTERNAL;
   }
   fab_endpoint* ep = c->ep;
-  if (c->home) {
-    /* The comm's own endpoint goes with it: closing the endpoint stops
-     * whatever is in flight, then its teardown frees the comm. */
-    pthread_mutex_lock(&c->home->lock);
-    fab_list_del(&ep->private_node);
-    c->home->nprivates--;
-    pthread_mutex_unlock(&c->home->lock);
-    pthread_mutex_lock(&ep->lock);
-    fab_list_del(&c->park.node);
-    c->closing = 1;
-    park_closed(ep, c);
-    pthread_mutex_unlock(&ep->lock);
-    fab_endpoint_destroy(ep);
-    return FAB_OK;
-  }
+  if (c->home) return close_own_endpoint_comm(c);
   pthread_mutex_lock(&ep->lock);
   fab_list_del(&c->park.node);
   c->closing = 1;

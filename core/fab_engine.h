@@ -150,7 +150,9 @@ struct fab_endpoint {
   size_t addr_len;
   int cq_batch;
   _Atomic fab_result failed; /* sticky after the CQ itself failed; read without the lock */
-  _Atomic int nclosing;       /* closed comms parked until their data operations complete */
+  _Atomic int nclosing;       /* closed comms parked until their data operations complete,
+                               * and own endpoints retiring (privates) */
+  int retiring;               /* own endpoint whose comm closed with sends in flight */
   int destroying;             /* teardown under way: no AV removals */
   /* handshake state, under lock */
   struct fab_ctrl_rx* ctrl_rx; /* FAB_CTRL_RX connect-request receives, posted on first listen */
@@ -356,7 +358,8 @@ static inline void fab_comm_count_completion(fab_comm* c) {
  * comm c; frees a closed comm with its last completion. ep lock held. */
 void fab_comm_op_done(fab_comm* c);
 
-/* Frees the closed comms parked on ep whose operations have all completed.
+/* Frees the closed comms parked on ep whose operations have all completed,
+ * and progresses ep's retiring own endpoints, destroying those left idle.
  * ep lock held. Called by every progress of ep while ep->nclosing > 0. */
 void fab_comm_sweep_closed(fab_endpoint* ep);
 

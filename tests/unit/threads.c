@@ -4,7 +4,10 @@
  * shared endpoint and exchange messages with verification, so completions of
  * one thread's requests are routinely reaped by another thread's test().
  * A second phase gives every thread its own context and connects across
- * contexts while the others transfer.
+ * contexts while the others transfer. Every CHURN_EVERY messages a thread
+ * also opens a side connection, starts transfers on it and closes it with
+ * them in flight, so closed comms are freed while other threads dispatch
+ * their completions (run it under TSan and ASan).
  *
  *   fabric-unit-threads [tcp|shm] [phases 1|2|3] [threads]   (exit 0 = pass)
  */
@@ -19,7 +22,7 @@
 extern const fab_api fab_api_core;
 static const fab_api* api = &fab_api_core;
 
-enum { TMAX = 16, MSGS = 2000, INFLIGHT = 8, MAXSZ = 70000 };
+enum { TMAX = 16, MSGS = 2000, INFLIGHT = 8, MAXSZ = 70000, CHURN_EVERY = 250 };
 static int T = 4;
 
 #define CHECK(c, ...)                                       \
@@ -59,7 +62,33 @@ typedef struct {
   fab_ctx* peer_ctx;  /* where the listen happens */
   char* sbuf[INFLIGHT];
   char* rbuf[INFLIGHT];
+  char *churn_s, *churn_r; /* side connections' buffers: freed after finalize */
 } worker;
+
+/* A side connection closed with receives posted (two matched by sends in
+ * flight, two never matched) and sends not tested. */
+static void churn(worker* w, char* sbuf, char* rbuf) {
+  void *s, *r, *l;
+  connect_pair(w->ctx, w->peer_ctx, &s, &r, &l);
+  for (int tag = 1; tag <= 4; tag++) {
+    void* d = rbuf + (size_t)(tag - 1) * (MAXSZ / 4);
+    size_t rsz = MAXSZ / 4;
+    void* rq = NULL;
+    OK(api->irecv(r, 1, &d, &rsz, &tag, NULL, NULL, &rq));
+  }
+  for (int tag = 1; tag <= 2; tag++) {
+    void* sq = NULL;
+    OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, NULL, NULL, &sq));
+  }
+  if (w->id & 1) { /* both orders of closing */
+    OK(api->close_recv(r));
+    OK(api->close_send(s));
+  } else {
+    OK(api->close_send(s));
+    OK(api->close_recv(r));
+  }
+  OK(api->close_listen(l));
+}
 
 static void* run(void* arg) {
   worker* w = arg;
@@ -71,7 +100,9 @@ static void* run(void* arg) {
   }
   void* sreq[INFLIGHT] = {0};
   void* rreq[INFLIGHT] = {0};
-  int next_post = 0, next_done = 0;
+  w->churn_s = malloc(MAXSZ);
+  w->churn_r = malloc(MAXSZ);
+  int next_post = 0, next_done = 0, churned = 0;
   double end = now_s() + 120;
   while (next_done < MSGS) {
     CHECK(now_s() < end, "thread %d stuck at message %d", w->id, next_done);
@@ -108,6 +139,10 @@ static void* run(void* arg) {
       rreq[slot] = NULL;
     }
     if (!rreq[slot] && !sreq[slot]) next_done++;
+    if (next_done / CHURN_EVERY > churned) {
+      churned++;
+      churn(w, w->churn_s, w->churn_r);
+    }
   }
   OK(api->close_send(s));
   OK(api->close_recv(r));
@@ -135,6 +170,10 @@ static void phase(int own_ctx) {
   for (int i = 0; i < T; i++)
     if (own_ctx) OK(api->finalize(w[i].ctx));
   OK(api->finalize(shared));
+  for (int i = 0; i < T; i++) { /* a closed comm's transfer may write until its endpoint is gone */
+    free(w[i].churn_s);
+    free(w[i].churn_r);
+  }
 }
 
 int main(int argc, char** argv) {
