@@ -212,6 +212,19 @@ static void dispatch_unlocked(fab_endpoint* ep, const struct fi_cq_msg_entry* e,
   if (locked) pthread_mutex_unlock(&ep->lock);
 }
 
+/* While closed comms wait on ep, one poll in FAB_SWEEP_EVERY takes the lock
+ * to free those now idle: a comm whose last operation never completes must
+ * not put every poll of its endpoint behind the lock. */
+enum { FAB_SWEEP_EVERY = 64 };
+static __attribute__((noinline)) void sweep_sometimes(fab_endpoint* ep) {
+  uint32_t tick = atomic_load_explicit(&ep->sweep_tick, memory_order_relaxed) + 1;
+  atomic_store_explicit(&ep->sweep_tick, tick, memory_order_relaxed);
+  if (tick % FAB_SWEEP_EVERY != 0) return;
+  pthread_mutex_lock(&ep->lock);
+  fab_comm_sweep_closed(ep);
+  pthread_mutex_unlock(&ep->lock);
+}
+
 fab_result fab_ep_poll(fab_endpoint* ep) {
   if (FAB_UNLIKELY(ep->failed)) return ep->failed;
   struct fi_cq_msg_entry e[FAB_CQ_BATCH_MAX];
@@ -224,11 +237,7 @@ fab_result fab_ep_poll(fab_endpoint* ep) {
     rc = dispatch_locked(ep, e, n);
     pthread_mutex_unlock(&ep->lock);
   }
-  if (FAB_UNLIKELY(atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0)) {
-    pthread_mutex_lock(&ep->lock);
-    fab_comm_sweep_closed(ep);
-    pthread_mutex_unlock(&ep->lock);
-  }
+  if (FAB_UNLIKELY(atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0)) sweep_sometimes(ep);
   return rc;
 }
 

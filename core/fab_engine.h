@@ -11,7 +11,9 @@
  *        +- listen comms, pending connects, send/recv comms,
  *        |  parked objects (closed, waiting for completions)
  *        +- private endpoints: one per send comm on local-only
- *           providers (shm), owned by the comm, up to a cap
+ *           providers (shm), owned by the comm, up to a cap; one whose
+ *           comm closed with sends in flight retires (progressed by its
+ *           shared endpoint, destroyed once they complete)
  *
  * Every libfabric operation carries a fab_op as its context; completions are
  * dispatched through fab_op.fn. Control operations (handshake, probes) are
@@ -152,6 +154,7 @@ struct fab_endpoint {
   _Atomic fab_result failed; /* sticky after the CQ itself failed; read without the lock */
   _Atomic int nclosing;       /* closed comms parked until their data operations complete,
                                * and own endpoints retiring (privates) */
+  _Atomic uint32_t sweep_tick; /* polls while nclosing > 0 (relaxed, approximate) */
   int retiring;               /* own endpoint whose comm closed with sends in flight */
   int destroying;             /* teardown under way: no AV removals */
   /* handshake state, under lock */
@@ -226,6 +229,12 @@ struct fab_comm {
   size_t max_bytes;
   int mr_local;
   int closing;
+  /* the memory handle resolved last (owner thread only), valid while
+   * fab_mr_generation has not moved: NCCL sends and receives a connection's
+   * steps out of one registered buffer, so this skips the handle lookup */
+  void* mr_last_handle;
+  struct fab_mr* mr_last;
+  uint64_t mr_last_gen;
   fab_endpoint* home; /* shared endpoint that owns ep when ep is the comm's own */
   fab_ctx* owner;     /* the context it was created in: finalize closes it */
   _Atomic fab_result error; /* sticky failure of the connection itself (set under ep lock) */
@@ -360,7 +369,8 @@ void fab_comm_op_done(fab_comm* c);
 
 /* Frees the closed comms parked on ep whose operations have all completed,
  * and progresses ep's retiring own endpoints, destroying those left idle.
- * ep lock held. Called by every progress of ep while ep->nclosing > 0. */
+ * ep lock held. Called while ep->nclosing > 0 by every locked progress of ep
+ * and by one data-path poll in 64. */
 void fab_comm_sweep_closed(fab_endpoint* ep);
 
 

@@ -17,6 +17,8 @@ static size_t page_size(void) {
   return ps;
 }
 
+_Atomic uint64_t fab_mr_generation = 1; /* a comm's cache starts at 0: never valid */
+
 fab_mr_cache* fab_mr_cache_create(void) {
   fab_mr_cache* c = calloc(1, sizeof(*c));
   if (!c) return NULL;
@@ -282,6 +284,9 @@ static void release(fab_mr* m) {
 
 fab_result fab_mr_deregister(void* mhandle) {
   fab_mr* m = fab_obj_remove(mhandle, FAB_OBJ_MR);
+  /* after the removal: a comm that read the old generation cached m before
+   * it, and drops it at its next call */
+  atomic_fetch_add_explicit(&fab_mr_generation, 1, memory_order_acq_rel);
   if (!m) {
     fab_obj_kind k = fab_obj_kind_of(mhandle);
     FAB_WARN("deregMr: %p is %s%s; pass a handle from regMr that was not deregistered yet", mhandle,
@@ -325,6 +330,7 @@ void fab_mr_domain_close(fab_device* dev) {
     fab_mr* m = FAB_CONTAINER_OF(it, fab_mr, node);
     fab_list_del(&m->node);
     fab_obj_remove(m->handle, FAB_OBJ_MR);
+    atomic_fetch_add_explicit(&fab_mr_generation, 1, memory_order_acq_rel);
     if (m->entry && !m->entry->cached) {
       fi_backend_close(NULL, m->entry);
       free(m->entry);

@@ -64,20 +64,32 @@ fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint6
                            void** mhandle, const char* fn);
 fab_result fab_mr_deregister(void* mhandle);
 
+/* Moves with every deregistration (after the handle is dead): a comm's
+ * cached last handle is only trusted while it has not moved. */
+extern _Atomic uint64_t fab_mr_generation;
+
 /* Data path: resolves mhandle for [data, data+size) on comm c. NULL mhandle
  * is accepted when the provider needs no descriptor for host memory. WARNs. */
 __attribute__((cold)) fab_result fab_mr_resolve_fail(fab_comm* c, void* mhandle, const void* data, size_t size,
                                                      const char* fn);
-static inline fab_result fab_mr_resolve(fab_comm* c, void* mhandle, const void* data, size_t size, const char* fn,
+static inline __attribute__((always_inline)) fab_result fab_mr_resolve(fab_comm* c, void* mhandle, const void* data, size_t size, const char* fn,
                                         fab_mr** out) {
   if (!mhandle) {
     *out = NULL;
     return FAB_LIKELY(!c->mr_local) ? FAB_OK : fab_mr_resolve_fail(c, mhandle, data, size, fn);
   }
-  fab_mr* m = fab_obj_get(mhandle, FAB_OBJ_MR);
+  uint64_t gen = atomic_load_explicit(&fab_mr_generation, memory_order_acquire);
+  fab_mr* m = c->mr_last;
+  if (FAB_UNLIKELY(mhandle != c->mr_last_handle || gen != c->mr_last_gen)) {
+    m = fab_obj_get(mhandle, FAB_OBJ_MR);
+    if (FAB_UNLIKELY(!m || (m->desc && m->dev != c->ep->dev)))
+      return *out = NULL, fab_mr_resolve_fail(c, mhandle, data, size, fn);
+    c->mr_last_handle = mhandle;
+    c->mr_last = m;
+    c->mr_last_gen = gen;
+  }
   uintptr_t a = (uintptr_t)data;
-  if (FAB_UNLIKELY(!m || a < m->addr || size > m->len || a - m->addr > m->len - size ||
-                   (m->desc && m->dev != c->ep->dev)))
+  if (FAB_UNLIKELY(a < m->addr || size > m->len || a - m->addr > m->len - size))
     return *out = NULL, fab_mr_resolve_fail(c, mhandle, data, size, fn);
   *out = m;
   return FAB_OK;

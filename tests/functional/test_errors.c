@@ -161,6 +161,8 @@ FT_PAIR_TEST(bad_arguments, 60) {
     /* A handle that was deregistered already. */
     void* stale = NULL;
     FT_OK(a->reg_mr(c.send_comm, sm.buf, 4096, FAB_PTR_HOST, &stale));
+    /* resolved once (the comm remembers its last handle), refused for its range */
+    FT_EXPECT_ERROR(a->isend(c.send_comm, (char*)sm.buf + 4096 - 10, 64, tag, stale, NULL, &req));
     FT_OK(a->dereg_mr(c.send_comm, stale));
     FT_EXPECT_ERROR(a->isend(c.send_comm, sm.buf, 64, tag, stale, NULL, &req));
     FT_EXPECT_ERROR(a->dereg_mr(c.send_comm, stale));

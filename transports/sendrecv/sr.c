@@ -203,12 +203,57 @@ static int flush_backlog(fab_comm* c) {
   return 0;
 }
 
+static fab_result irecv_failed(fab_comm* c, fab_req* r, int n, int rc) {
+  if (r->nposted == 0) {
+    req_put(r);
+    if (rc == -FI_EAGAIN) return FAB_OK;
+    FAB_WARN("irecv of %d buffers from %s: fi_trecv failed: %s", n, c->peer_name, fi_strerror(-rc));
+    return fab_result_from_fi(-rc);
+  }
+  if (rc == -FI_EAGAIN) {
+    c->backlog = r; /* the rest is posted before anything else of this comm */
+    return FAB_OK;
+  }
+  /* Some receives are posted and cannot be taken back: the request stays
+   * with the comm (closing cancels them) and the caller gets the error. */
+  int failed_at = r->nposted;
+  abandon_unposted(r, NULL);
+  FAB_WARN("irecv of %d buffers from %s: fi_trecv of buffer %d failed: %s", n, c->peer_name, failed_at,
+           fi_strerror(-rc));
+  return fab_result_from_fi(-rc);
+}
+
+/* The common receive: one buffer, posted straight from the arguments. */
+static fab_result irecv_one(fab_comm* c, fab_req* r, void* data, size_t size, int tag, void* desc,
+                            void** request) {
+  fab_sub* s = &r->sub[0];
+  s->data = data;
+  s->size = size;
+  s->got = 0;
+  s->desc = desc;
+  s->tag = c->tag_base | (uint32_t)tag;
+  fab_sub_set_state(s, FAB_SUB_POSTED);
+  ssize_t rc = fi_trecv(c->ep->ep, data, size, desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
+  if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
+    progress(c, NULL);
+    rc = fi_trecv(c->ep->ep, data, size, desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
+  }
+  if (FAB_LIKELY(rc == 0)) {
+    r->nposted = 1;
+    *request = r;
+    return FAB_OK;
+  }
+  fab_sub_set_state(s, FAB_SUB_IDLE);
+  return irecv_failed(c, r, 1, (int)rc);
+}
+
 static fab_result sr_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const int* tags, void** descs,
                            void** request) {
   *request = NULL;
   if (FAB_UNLIKELY(c->backlog != NULL) && flush_backlog(c) != 0) return FAB_OK;
   fab_req* r = req_get(c, FAB_REQ_RECV, n);
   if (FAB_UNLIKELY(!r)) return FAB_OK;
+  if (FAB_LIKELY(n == 1)) return irecv_one(c, r, data[0], sizes[0], tags[0], descs ? descs[0] : NULL, request);
   for (int i = 0; i < n; i++) {
     fab_sub* s = &r->sub[i];
     s->data = data[i];
@@ -227,23 +272,9 @@ static fab_result sr_irecv(fab_comm* c, int n, void** data, const size_t* sizes,
     *request = r;
     return FAB_OK;
   }
-  if (r->nposted == 0) {
-    req_put(r);
-    if (rc == -FI_EAGAIN) return FAB_OK;
-    FAB_WARN("irecv of %d buffers from %s: fi_trecv failed: %s", n, c->peer_name, fi_strerror(-rc));
-    return fab_result_from_fi(-rc);
-  }
-  if (rc == -FI_EAGAIN) {
-    c->backlog = r; /* the rest is posted before anything else of this comm */
-    *request = r;
-    return FAB_OK;
-  }
-  /* Some receives are posted and cannot be taken back: the request stays
-   * with the comm (closing cancels them) and the caller gets the error. */
-  abandon_unposted(r, NULL);
-  FAB_WARN("irecv of %d buffers from %s: fi_trecv of buffer %d failed: %s", n, c->peer_name, r->nposted,
-           fi_strerror(-rc));
-  return fab_result_from_fi(-rc);
+  fab_result frc = irecv_failed(c, r, n, rc);
+  if (c->backlog == r) *request = r;
+  return frc;
 }
 
 /* --- flush --------------------------------------------------------------------- */
