@@ -1,6 +1,6 @@
 /*
- * Small helpers shared by the core and the transports: an intrusive list, a
- * spin lock for very short critical sections, time, hashing and random ids.
+ * Small helpers shared by the core and the transports: an intrusive list,
+ * time, hashing and random ids.
  */
 #ifndef FAB_UTIL_H
 #define FAB_UTIL_H
