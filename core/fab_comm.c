@@ -53,14 +53,15 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, f
 void fab_comm_req_first_use(fab_comm* c, fab_req* r) {
   uint32_t nsub = c->kind == FAB_OBJ_SEND ? c->ops->send_subs : c->ops->recv_subs;
   uint32_t idx = (uint32_t)(((char*)r - c->reqs.base) / c->reqs.stride);
-  /* the pool's owner is the only writer of used; close-time scans read it */
-  if (idx >= atomic_load_explicit(&c->reqs.used, memory_order_relaxed))
-    atomic_store_explicit(&c->reqs.used, idx + 1, memory_order_release);
   r->pool_index = idx;
   r->magic = FAB_REQ_MAGIC;
   r->state = FAB_REQ_FREE;
   r->comm = c;
   c->ops->init_req(c, r, nsub);
+  /* Published last (release): a close-time scan reads [0, used). The pool's
+   * owner is the only writer. */
+  if (idx >= atomic_load_explicit(&c->reqs.used, memory_order_relaxed))
+    atomic_store_explicit(&c->reqs.used, idx + 1, memory_order_release);
 }
 
 int fab_comm_busy(fab_comm* c) {
@@ -77,10 +78,10 @@ int fab_comm_busy(fab_comm* c) {
 
 static void nclosing_add(fab_endpoint* ep, int d);
 
-/* ep lock held */
-static void park_closed(fab_endpoint* ep, fab_comm* c) {
+void fab_comm_park_closed(fab_endpoint* ep, fab_comm* c) {
   fab_ep_park(ep, &c->park);
   nclosing_add(ep, 1);
+  atomic_store_explicit(&ep->sweep_every, FAB_SWEEP_EVERY_MIN, memory_order_relaxed);
 }
 
 static void release_closed(fab_comm* c) {
@@ -104,7 +105,8 @@ static void nclosing_add(fab_endpoint* ep, int d) {
  * closing it earlier pulls the sender's side out from under a transfer the
  * receiver may still be reading (shm's large-message protocols). home lock
  * held (the lock order is home, then own). */
-static void progress_retiring(fab_endpoint* home) {
+static int progress_retiring(fab_endpoint* home) {
+  int gone = 0;
   FAB_LIST_FOREACH_SAFE(it, tmp, &home->privates) {
     fab_endpoint* own = FAB_CONTAINER_OF(it, fab_endpoint, private_node);
     if (!own->retiring) continue;
@@ -114,20 +116,26 @@ static void progress_retiring(fab_endpoint* home) {
     pthread_mutex_unlock(&own->lock);
     if (!idle) continue;
     fab_list_del(&own->private_node);
-    home->nprivates--;
     nclosing_add(home, -1);
     fab_endpoint_destroy(own);
+    gone++;
   }
+  return gone;
 }
 
-void fab_comm_sweep_closed(fab_endpoint* ep) {
+int fab_comm_sweep_closed(fab_endpoint* ep) {
+  int gone = 0;
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->parked) {
     fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
     if (p->destroy != comm_destroy) continue;
     fab_comm* c = FAB_CONTAINER_OF(p, fab_comm, park);
-    if (!fab_comm_busy(c)) release_closed(c);
+    if (!fab_comm_busy(c)) {
+      release_closed(c);
+      gone++;
+    }
   }
-  if (!fab_list_empty(&ep->privates)) progress_retiring(ep);
+  if (!fab_list_empty(&ep->privates)) gone += progress_retiring(ep);
+  return gone;
 }
 
 void fab_comm_free(fab_comm* c) {
@@ -149,7 +157,6 @@ void fab_comm_fail(fab_comm* c, fab_result rc, const char* why) {
   if (c->error != FAB_OK) return;
   snprintf(c->error_why, sizeof(c->error_why), "%s", why);
   c->error = rc;
-  c->ops->cancel(c); /* posted receives will never match: give them back */
 }
 
 static void probe_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
@@ -172,7 +179,7 @@ static void probe_done(fab_op* op, const struct fi_cq_msg_entry* done, const str
  * this is how such a death becomes an error instead of a hang. */
 void fab_comm_check_peer(fab_comm* c) {
   int timeout = fab_g.params.peer_timeout_ms;
-  if (timeout <= 0 || c->error != FAB_OK) return;
+  if (timeout <= 0 || c->error != FAB_OK || c->peer_in_process) return;
   fab_endpoint* ep = c->ep;
   pthread_mutex_lock(&ep->lock);
   int64_t now = fab_now_ms();
@@ -236,16 +243,17 @@ static fab_result close_own_endpoint_comm(fab_comm* c) {
   pthread_mutex_lock(&own->lock);
   fab_list_del(&c->park.node);
   c->closing = 1;
-  park_closed(own, c);
+  fab_comm_park_closed(own, c);
   fab_ep_progress_locked(own); /* frees c when nothing is in flight */
   int idle = atomic_load_explicit(&own->nclosing, memory_order_relaxed) == 0;
   pthread_mutex_unlock(&own->lock);
+  home->nprivates--; /* a retiring endpoint leaves its place to a new send comm */
   if (idle) {
     fab_list_del(&own->private_node);
-    home->nprivates--;
   } else {
     own->retiring = 1;
     nclosing_add(home, 1);
+    atomic_store_explicit(&home->sweep_every, FAB_SWEEP_EVERY_MIN, memory_order_relaxed);
   }
   pthread_mutex_unlock(&home->lock);
   if (idle) fab_endpoint_destroy(own);
@@ -269,7 +277,7 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
   if (!fab_comm_busy(c)) {
     fab_comm_free(c);
   } else {
-    park_closed(ep, c);
+    fab_comm_park_closed(ep, c);
     fab_ep_progress_locked(ep); /* reads the cancellations; may free c */
   }
   pthread_mutex_unlock(&ep->lock);

@@ -173,6 +173,7 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
     return FAB_ERR_SYSTEM;
   }
   fab_comm* c = pc->comm;
+  c->peer_in_process = fab_ep_addr_in_process(ep, h.addr, h.addr_len);
   int frc = fab_ep_av_insert(ep, h.addr, h.addr_len, &c->peer);
   if (frc != 0) {
     FAB_WARN("connect: the listener's address in the handle is unusable on %s: %s", ep->dev->name,

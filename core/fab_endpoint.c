@@ -51,21 +51,41 @@ static fab_result open_fail(fab_endpoint* ep, const char* what, int rc) {
  * killed process then makes fi_enable fail with EBUSY in any later process
  * that gets the same pid. Our own names carry a per-process random nonce,
  * so a stale region can never collide with a live endpoint. */
+static _Atomic uint64_t name_nonce;
+
+static uint64_t process_nonce(void) {
+  uint64_t n = atomic_load(&name_nonce);
+  if (n != 0) return n;
+  if (getrandom(&n, sizeof(n), GRND_NONBLOCK) != (ssize_t)sizeof(n))
+    n = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&n;
+  n |= 1;
+  uint64_t expected = 0;
+  if (!atomic_compare_exchange_strong(&name_nonce, &expected, n)) n = expected;
+  return n;
+}
+
+/* "fabric_<pid>_<nonce>_": the prefix of every endpoint name of this process */
+static void name_prefix(char* buf, size_t len) {
+  snprintf(buf, len, "fabric_%d_%016llx_", (int)getpid(), (unsigned long long)process_nonce());
+}
+
+int fab_ep_addr_in_process(const fab_endpoint* ep, const void* addr, size_t len) {
+  if (!ep->dev->local_only || ep->dev->info->addr_format != FI_ADDR_STR) return 0;
+  char prefix[64];
+  name_prefix(prefix, sizeof(prefix));
+  size_t plen = strlen(prefix);
+  const char* a = addr;
+  for (size_t i = 0; i + plen <= len; i++)
+    if (!memcmp(a + i, prefix, plen)) return 1;
+  return 0;
+}
+
 static int name_endpoint(fab_endpoint* ep) {
   if (!ep->dev->local_only || ep->dev->info->addr_format != FI_ADDR_STR) return 0;
-  static _Atomic uint64_t nonce;
   static _Atomic uint32_t serial;
-  uint64_t n = atomic_load(&nonce);
-  if (n == 0) {
-    if (getrandom(&n, sizeof(n), GRND_NONBLOCK) != (ssize_t)sizeof(n))
-      n = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)ep;
-    n |= 1;
-    uint64_t expected = 0;
-    if (!atomic_compare_exchange_strong(&nonce, &expected, n)) n = expected;
-  }
-  char name[64];
-  snprintf(name, sizeof(name), "fabric_%d_%016llx_%u", (int)getpid(), (unsigned long long)n,
-           (unsigned)atomic_fetch_add(&serial, 1));
+  char prefix[64], name[80];
+  name_prefix(prefix, sizeof(prefix));
+  snprintf(name, sizeof(name), "%s%u", prefix, (unsigned)atomic_fetch_add(&serial, 1));
   int rc = fi_setname(&ep->ep->fid, name, strlen(name) + 1);
   return rc == -FI_ENOSYS || rc == -FI_EOPNOTSUPP ? 0 : rc; /* keep the provider's own name */
 }
@@ -86,6 +106,7 @@ fab_result fab_endpoint_create(fab_device* dev, fab_endpoint** out) {
   fab_list_init(&ep->private_node);
   ep->next_conn_id = 1;
   ep->next_connector_id = 1;
+  atomic_init(&ep->sweep_every, FAB_SWEEP_EVERY_MIN);
   ep->cq_batch = fab_g.params.cq_read_count;
   if (ep->cq_batch < 1) ep->cq_batch = 1;
   if (ep->cq_batch > FAB_CQ_BATCH_MAX) ep->cq_batch = FAB_CQ_BATCH_MAX;
@@ -212,16 +233,25 @@ static void dispatch_unlocked(fab_endpoint* ep, const struct fi_cq_msg_entry* e,
   if (locked) pthread_mutex_unlock(&ep->lock);
 }
 
-/* While closed comms wait on ep, one poll in FAB_SWEEP_EVERY takes the lock
- * to free those now idle: a comm whose last operation never completes must
- * not put every poll of its endpoint behind the lock. */
-enum { FAB_SWEEP_EVERY = 64 };
+/* While closed comms wait on ep, one data poll in ep->sweep_every takes the
+ * lock to free those now idle. The interval doubles (up to
+ * FAB_SWEEP_EVERY_MAX) while sweeps free nothing, so a closed comm whose
+ * last send never completes (its receiver closed first) does not put the
+ * polls of its endpoint behind the lock; a new close resets it. */
 static __attribute__((noinline)) void sweep_sometimes(fab_endpoint* ep) {
   uint32_t tick = atomic_load_explicit(&ep->sweep_tick, memory_order_relaxed) + 1;
-  atomic_store_explicit(&ep->sweep_tick, tick, memory_order_relaxed);
-  if (tick % FAB_SWEEP_EVERY != 0) return;
+  uint32_t every = atomic_load_explicit(&ep->sweep_every, memory_order_relaxed);
+  if (tick < every) {
+    atomic_store_explicit(&ep->sweep_tick, tick, memory_order_relaxed);
+    return;
+  }
+  atomic_store_explicit(&ep->sweep_tick, 0, memory_order_relaxed);
   pthread_mutex_lock(&ep->lock);
-  fab_comm_sweep_closed(ep);
+  int gone = fab_comm_sweep_closed(ep);
+  every = atomic_load_explicit(&ep->sweep_every, memory_order_relaxed); /* a close may have reset it */
+  if (gone) every = FAB_SWEEP_EVERY_MIN;
+  else if (every < FAB_SWEEP_EVERY_MAX) every *= 2;
+  atomic_store_explicit(&ep->sweep_every, every, memory_order_relaxed);
   pthread_mutex_unlock(&ep->lock);
 }
 

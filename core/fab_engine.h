@@ -132,7 +132,8 @@ struct fab_ctx {
 
 /* --- endpoints ------------------------------------------------------------ */
 
-enum { FAB_CTRL_RX = 16 }; /* connect-request buffers posted per listening endpoint */
+enum { FAB_CTRL_RX = 16 }; /* untagged receive buffers (connect requests, probes) per endpoint */
+enum { FAB_SWEEP_EVERY_MIN = 64, FAB_SWEEP_EVERY_MAX = 4096 }; /* data polls between sweeps */
 
 typedef struct fab_av_entry {
   uint64_t hash;
@@ -154,11 +155,14 @@ struct fab_endpoint {
   _Atomic fab_result failed; /* sticky after the CQ itself failed; read without the lock */
   _Atomic int nclosing;       /* closed comms parked until their data operations complete,
                                * and own endpoints retiring (privates) */
-  _Atomic uint32_t sweep_tick; /* polls while nclosing > 0 (relaxed, approximate) */
-  int retiring;               /* own endpoint whose comm closed with sends in flight */
+  _Atomic uint32_t sweep_tick;  /* data polls since the last sweep (relaxed, approximate) */
+  _Atomic uint32_t sweep_every; /* data polls between sweeps: 64, doubling up to 4096 while
+                                 * sweeps free nothing (a send that never completes) */
+  int retiring;                 /* own endpoint whose comm closed with sends in flight; it no
+                                 * longer counts in its home's nprivates */
   int destroying;             /* teardown under way: no AV removals */
   /* handshake state, under lock */
-  struct fab_ctrl_rx* ctrl_rx; /* FAB_CTRL_RX connect-request receives, posted on first listen */
+  struct fab_ctrl_rx* ctrl_rx; /* FAB_CTRL_RX untagged receives for connect requests and probes */
   fab_list listens;
   fab_list connects; /* pending connects */
   fab_list comms;    /* live send and recv comms */
@@ -254,6 +258,7 @@ struct fab_comm {
   uint64_t ncompl_seen;
   int64_t stall_since_ms, last_probe_ms;
   int probe_posted;
+  int peer_in_process; /* no liveness check: see fab_ep_addr_in_process */
   _Atomic uint32_t stall_polls;
   fab_op probe_op;
   char peer_name[96];
@@ -299,7 +304,9 @@ void fab_comm_free(fab_comm* c);
 /* Initialises a pooled request the first time it is handed out. */
 void fab_comm_req_first_use(fab_comm* c, fab_req* r);
 /* Marks the connection failed (sticky); later calls on it return the error.
- * ep lock held. Does not WARN: the calls that return the error do. */
+ * ep lock held. Does not WARN: the calls that return the error do. Posted
+ * receives stay posted until the comm closes: the comm's owner may be
+ * using its requests in another thread right now. */
 void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);
 /* A transport's test calls this while a request of c stays pending: after
  * FAB_STALL_POLLS polls it looks for signs of life from the peer, probes it,
@@ -343,6 +350,11 @@ int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* 
  * maps at most 256). Caller holds ep->lock, or ep is being destroyed. */
 void fab_ep_av_release(fab_endpoint* ep, fi_addr_t a);
 void fab_ep_peer_name(fab_endpoint* ep, fi_addr_t a, char* buf, size_t len);
+/* 1 when addr names an endpoint of this very process (intra-host providers
+ * with our endpoint names): such a peer cannot die on its own, and once its
+ * endpoint is closed, libfabric 1.17's shm faults on anything sent to it
+ * from the same process (unit.threads.shm). */
+int fab_ep_addr_in_process(const fab_endpoint* ep, const void* addr, size_t len);
 void fab_ep_park(fab_endpoint* ep, fab_parked* p);
 /* Registers a control-message buffer where the provider needs descriptors
  * (FI_MR_LOCAL); returns 0 or a negative fi errno. */
@@ -368,10 +380,12 @@ static inline void fab_comm_count_completion(fab_comm* c) {
 void fab_comm_op_done(fab_comm* c);
 
 /* Frees the closed comms parked on ep whose operations have all completed,
- * and progresses ep's retiring own endpoints, destroying those left idle.
- * ep lock held. Called while ep->nclosing > 0 by every locked progress of ep
- * and by one data-path poll in 64. */
-void fab_comm_sweep_closed(fab_endpoint* ep);
+ * and progresses ep's retiring own endpoints, destroying those left idle;
+ * returns how many went. ep lock held. Called while ep->nclosing > 0 by
+ * every locked progress of ep and by one data-path poll in ep->sweep_every. */
+int fab_comm_sweep_closed(fab_endpoint* ep);
+/* Parks a closed comm that libfabric still references (ep lock held). */
+void fab_comm_park_closed(fab_endpoint* ep, fab_comm* c);
 
 
 /* Maps libfabric errors onto result codes: peer loss -> REMOTE, else SYSTEM. */

@@ -186,6 +186,7 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
     fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_ADDRESS);
     return NULL;
   }
+  c->peer_in_process = fab_ep_addr_in_process(ep, req->addr, req->addr_len);
   int rc = fab_ep_av_insert(ep, req->addr, req->addr_len, &c->peer);
   if (rc != 0) {
     FAB_WARN("accept: cannot add the connector's address on %s (%s), so it cannot be answered and fails after "
@@ -258,7 +259,7 @@ fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {
       if (posted > 0) FAB_WARN("accept: handle table full; close unused comms");
       c->closing = 1;
       if (!fab_comm_busy(c)) fab_comm_free(c);
-      else fab_ep_park(ep, &c->park);
+      else fab_comm_park_closed(ep, c);
       rc = FAB_ERR_SYSTEM;
     }
   }

@@ -5,11 +5,18 @@
  * one thread's requests are routinely reaped by another thread's test().
  * A second phase gives every thread its own context and connects across
  * contexts while the others transfer. Every CHURN_EVERY messages a thread
- * also opens a side connection, starts transfers on it and closes it with
- * them in flight, so closed comms are freed while other threads dispatch
- * their completions (run it under TSan and ASan).
+ * also opens a side connection, closes its send comm right after starting
+ * two sends (8 B and 17.5 KB) whose receives are posted, waits for those
+ * receives and closes the recv comm with two more receives never matched:
+ * closed comms are freed while other threads dispatch their completions (run
+ * it under TSan and ASan). At the end of a phase every closed comm must have
+ * been freed and every retiring own endpoint destroyed.
  *
- *   fabric-unit-threads [tcp|shm] [phases 1|2|3] [threads]   (exit 0 = pass)
+ * "unmatched" (4th argument) instead closes both comms with the large send
+ * possibly unmatched: its sender never completes (its comm stays parked, its
+ * own shm endpoint retiring, until finalize).
+ *
+ *   fabric-unit-threads [tcp|shm] [phases 1|2|3] [threads] [unmatched]   (exit 0 = pass)
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -18,12 +25,14 @@
 #include <time.h>
 
 #include "fab_api.h"
+#include "fab_engine.h"
 
 extern const fab_api fab_api_core;
 static const fab_api* api = &fab_api_core;
 
 enum { TMAX = 16, MSGS = 2000, INFLIGHT = 8, MAXSZ = 70000, CHURN_EVERY = 250 };
 static int T = 4;
+static int unmatched; /* churn closes comms with the large send possibly unmatched */
 
 #define CHECK(c, ...)                                       \
   do {                                                      \
@@ -65,29 +74,62 @@ typedef struct {
   char *churn_s, *churn_r; /* side connections' buffers: freed after finalize */
 } worker;
 
-/* A side connection closed with receives posted (two matched by sends in
- * flight, two never matched) and sends not tested. */
+/* A side connection: receives for tags 1..4, sends for tags 1 and 2, the
+ * send comm closed with its sends in flight (never tested), the recv comm
+ * closed with tags 3 and 4 still posted. */
 static void churn(worker* w, char* sbuf, char* rbuf) {
   void *s, *r, *l;
   connect_pair(w->ctx, w->peer_ctx, &s, &r, &l);
+  void* rq[4] = {0};
   for (int tag = 1; tag <= 4; tag++) {
     void* d = rbuf + (size_t)(tag - 1) * (MAXSZ / 4);
     size_t rsz = MAXSZ / 4;
-    void* rq = NULL;
-    OK(api->irecv(r, 1, &d, &rsz, &tag, NULL, NULL, &rq));
+    double end = now_s() + 30;
+    while (!rq[tag - 1]) {
+      CHECK(now_s() < end, "thread %d: side irecv never accepted", w->id);
+      OK(api->irecv(r, 1, &d, &rsz, &tag, NULL, NULL, &rq[tag - 1]));
+    }
   }
   for (int tag = 1; tag <= 2; tag++) {
     void* sq = NULL;
-    OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, NULL, NULL, &sq));
+    double end = now_s() + 30;
+    while (!sq) {
+      CHECK(now_s() < end, "thread %d: side isend never accepted", w->id);
+      OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, NULL, NULL, &sq));
+    }
   }
-  if (w->id & 1) { /* both orders of closing */
-    OK(api->close_recv(r));
-    OK(api->close_send(s));
-  } else {
-    OK(api->close_send(s));
-    OK(api->close_recv(r));
+  if (unmatched && (w->id & 1)) OK(api->close_recv(r)); /* before the sends may have matched */
+  OK(api->close_send(s));
+  if (!unmatched) {
+    for (int k = 0; k < 2; k++) {
+      int done = 0, got = -1;
+      double end = now_s() + 30;
+      while (!done) {
+        CHECK(now_s() < end, "thread %d: side receive %d never completed", w->id, k + 1);
+        OK(api->test(rq[k], &done, &got));
+      }
+      CHECK(got == (k == 0 ? 8 : MAXSZ / 4), "thread %d: side receive %d got %d bytes", w->id, k + 1, got);
+    }
   }
+  if (!(unmatched && (w->id & 1))) OK(api->close_recv(r));
   OK(api->close_listen(l));
+}
+
+/* Every comm closed with operations in flight must be freed once they
+ * complete, by the progress of whoever polls the endpoint. */
+static void check_closed_freed(const char* prov) {
+  if (unmatched) return; /* sends that never complete keep their comms, by design */
+  fab_endpoint* ep = atomic_load(&fab_g.eps[0]);
+  CHECK(ep, "no endpoint on device 0");
+  double end = now_s() + 20;
+  for (;;) {
+    pthread_mutex_lock(&ep->lock);
+    fab_ep_progress_locked(ep);
+    int left = atomic_load(&ep->nclosing);
+    pthread_mutex_unlock(&ep->lock);
+    if (left == 0) return;
+    CHECK(now_s() < end, "%s: %d closed comms or retiring endpoints never freed", prov, left);
+  }
 }
 
 static void* run(void* arg) {
@@ -167,6 +209,7 @@ static void phase(int own_ctx) {
   }
   for (int i = 0; i < T; i++) pthread_create(&th[i], NULL, run, &w[i]);
   for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
+  check_closed_freed(getenv("FABRIC_PROVIDER"));
   for (int i = 0; i < T; i++)
     if (own_ctx) OK(api->finalize(w[i].ctx));
   OK(api->finalize(shared));
@@ -182,6 +225,7 @@ int main(int argc, char** argv) {
   setenv("FI_TCP_IFACE", "lo", 1);
   int phases = argc > 2 ? atoi(argv[2]) : 3; /* bit 0: shared context, bit 1: one context per thread */
   if (argc > 3) T = atoi(argv[3]);
+  unmatched = argc > 4 && !strcmp(argv[4], "unmatched");
   CHECK(T >= 1 && T <= TMAX, "1..%d threads", TMAX);
   double t0 = now_s();
   if (phases & 1) phase(0);
