@@ -78,6 +78,8 @@ int fab_comm_busy(fab_comm* c) {
 
 static void nclosing_add(fab_endpoint* ep, int d);
 
+int fab_parked_is_comm(const fab_parked* p) { return p->destroy == comm_destroy; }
+
 void fab_comm_park_closed(fab_endpoint* ep, fab_comm* c) {
   fab_ep_park(ep, &c->park);
   nclosing_add(ep, 1);

@@ -117,13 +117,39 @@ static uint32_t connector_id_next(fab_endpoint* ep) {
   }
 }
 
+/* 1 when a send comm on the shared endpoint itself already sends to the
+ * endpoint at addr: a live comm, a closed one still parked, or a connect under
+ * way. home lock held. */
+static int home_sends_to(fab_endpoint* home, const void* addr, size_t len) {
+  fi_addr_t fa;
+  if (!fab_ep_av_find(home, addr, len, &fa)) return 0;
+  fab_list* lists[2] = {&home->comms, &home->parked};
+  for (int k = 0; k < 2; k++) {
+    FAB_LIST_FOREACH_SAFE(it, tmp, lists[k]) {
+      fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
+      if (!fab_parked_is_comm(p)) continue;
+      fab_comm* c = FAB_CONTAINER_OF(p, fab_comm, park);
+      if (c->kind == FAB_OBJ_SEND && c->ep == home && c->peer == fa) return 1;
+    }
+  }
+  FAB_LIST_FOREACH_SAFE(it, tmp, &home->connects) {
+    fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
+    if (pc->ep == home && pc->comm && pc->comm->peer == fa) return 1;
+  }
+  return 0;
+}
+
 /* Where the connect's operations run: the shared endpoint, or for
  * local-only providers a new endpoint that becomes the send comm's own (see
- * fab_device.c). Doing the whole handshake from it lets the listener's
- * provider learn its address before any data flows. */
-static fab_result pick_endpoint(fab_endpoint* home, fab_endpoint** out) {
+ * fab_device.c). shm completes an endpoint's sends to one peer in order, so
+ * the first send comm to a peer stays on the shared endpoint (no other comm
+ * there sends to that peer) and later ones to the same peer get their own.
+ * Doing the whole handshake from it lets the listener's provider learn its
+ * address before any data flows. */
+static fab_result pick_endpoint(fab_endpoint* home, const fab_wire_handle* h, fab_endpoint** out) {
   *out = home;
   if (!home->dev->local_only || home->nprivates >= fab_g.params.local_send_endpoints) return FAB_OK;
+  if (!home_sends_to(home, h->addr, h->addr_len)) return FAB_OK;
   fab_result rc = fab_endpoint_create(home->dev, out);
   if (rc != FAB_OK) return rc;
   fab_list_push(&home->privates, &(*out)->private_node);
@@ -155,7 +181,7 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
   pc->owner = owner;
   pc->park.destroy = pending_destroy;
   fab_list_init(&pc->park.node);
-  fab_result rc = pick_endpoint(home, &pc->ep);
+  fab_result rc = pick_endpoint(home, &h, &pc->ep);
   if (rc != FAB_OK) {
     free(pc);
     return rc;

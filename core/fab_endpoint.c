@@ -301,6 +301,18 @@ int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* 
   return 0;
 }
 
+int fab_ep_av_find(const fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out) {
+  uint64_t h = fab_fnv1a(FAB_FNV_SEED, addr, len);
+  for (size_t i = 0; i < ep->av_count; i++) {
+    const fab_av_entry* a = &ep->av_cache[i];
+    if (a->hash == h && a->len == len && !memcmp(a->addr, addr, len)) {
+      *out = a->fi_addr;
+      return 1;
+    }
+  }
+  return 0;
+}
+
 void fab_ep_av_release(fab_endpoint* ep, fi_addr_t fa) {
   if (fa == FI_ADDR_NOTAVAIL) return;
   for (size_t i = 0; i < ep->av_count; i++) {

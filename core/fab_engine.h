@@ -344,6 +344,9 @@ static inline void fab_ep_try_progress(fab_endpoint* ep) { fab_ep_poll(ep); }
 /* Inserts (or finds) a peer address and takes a reference on it. Caller
  * holds ep->lock. */
 int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out);
+/* 1 with *out set when addr is in ep's address vector (no reference taken).
+ * Caller holds ep->lock. */
+int fab_ep_av_find(const fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out);
 /* Drops a reference. On local-only providers the last one removes the address
  * from the AV: their send endpoints are per comm, so without removal the
  * shared endpoint would accumulate one address per comm ever connected (shm
@@ -386,6 +389,8 @@ void fab_comm_op_done(fab_comm* c);
 int fab_comm_sweep_closed(fab_endpoint* ep);
 /* Parks a closed comm that libfabric still references (ep lock held). */
 void fab_comm_park_closed(fab_endpoint* ep, fab_comm* c);
+/* 1 when a parked object (or an entry of ep->comms) is a comm. */
+int fab_parked_is_comm(const fab_parked* p);
 
 
 /* Maps libfabric errors onto result codes: peer loss -> REMOTE, else SYSTEM. */
