@@ -187,7 +187,8 @@ fab_result fab_devices_discover(void) {
   struct fi_info* hmem = fab_g.cuda_ok ? query(prov, FI_HMEM | FI_REMOTE_COMM, &rc) : NULL;
   /* A provider that cannot reach other hosts (shm) completes sends to one
    * peer in order, so one comm's unmatched large send would hold up every
-   * other comm's sends on a shared endpoint: send comms get their own. */
+   * other comm's sends to that peer on a shared endpoint: a further send
+   * comm to a peer gets an endpoint of its own (fab_connect.c). */
   struct fi_info* remote = query(prov, FI_REMOTE_COMM, &rc);
   struct fi_info* list = hmem ? hmem : all;
   for (const struct fi_info* fi = list; fi; fi = fi->next) {

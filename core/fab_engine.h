@@ -10,8 +10,9 @@
  *        |               created on first use: ep + CQ + AV + lock
  *        +- listen comms, pending connects, send/recv comms,
  *        |  parked objects (closed, waiting for completions)
- *        +- private endpoints: one per send comm on local-only
- *           providers (shm), owned by the comm, up to a cap; one whose
+ *        +- private endpoints: on local-only providers (shm), one for
+ *           each further send comm to a peer the shared endpoint already
+ *           sends to, owned by the comm, up to a cap; one whose
  *           comm closed with sends in flight retires (progressed by its
  *           shared endpoint, destroyed once they complete)
  *
@@ -112,7 +113,7 @@ typedef struct fab_device {
   int mr_hmem;           /* FI_MR_HMEM: device memory needs registration */
   int prov_key;          /* FI_MR_PROV_KEY granted */
   int hmem;              /* FI_HMEM granted */
-  int local_only;        /* no FI_REMOTE_COMM: each send comm gets its own endpoint */
+  int local_only;        /* no FI_REMOTE_COMM: a further send comm to a peer gets its own endpoint */
   uint32_t prov_hash;
   fab_properties props;
   char name[FAB_NAME_MAX];
