@@ -103,10 +103,9 @@ static void nclosing_add(fab_endpoint* ep, int d) {
                         memory_order_relaxed);
 }
 
-/* An own endpoint is destroyed once its closed comm's sends are complete:
- * closing it earlier pulls the sender's side out from under a transfer the
- * receiver may still be reading (shm's large-message protocols). home lock
- * held (the lock order is home, then own). */
+/* An own endpoint is destroyed only once its closed comm's sends have
+ * completed, so a transfer the receiver is still taking in never loses its
+ * sending side. home lock held (the lock order is home, then own). */
 static int progress_retiring(fab_endpoint* home) {
   int gone = 0;
   FAB_LIST_FOREACH_SAFE(it, tmp, &home->privates) {
@@ -129,7 +128,7 @@ int fab_comm_sweep_closed(fab_endpoint* ep) {
   int gone = 0;
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->parked) {
     fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
-    if (p->destroy != comm_destroy) continue;
+    if (!fab_parked_is_comm(p)) continue;
     fab_comm* c = FAB_CONTAINER_OF(p, fab_comm, park);
     if (!fab_comm_busy(c)) {
       release_closed(c);
