@@ -353,11 +353,10 @@ static fab_result sr_test(fab_req* r, int* done, int* sizes) {
 
 /* --- close ----------------------------------------------------------------------- */
 
-/* Endpoint lock held (close, or the comm failed). */
+/* At close, endpoint lock held: the comm's owner no longer calls it. */
 static void sr_cancel(fab_comm* c) {
   if (c->kind != FAB_OBJ_RECV) return; /* sends cannot be taken back: they complete or fail */
-  if (c->closing && c->backlog) { /* its rest will never be posted (a failed comm's
-                                    * owner abandons it itself, in test) */
+  if (c->backlog) { /* its rest will never be posted */
     abandon_unposted_locked(c->backlog, NULL);
     c->backlog = NULL;
   }
