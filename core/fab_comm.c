@@ -14,19 +14,19 @@
 #include "fab_transport.h"
 
 static void comm_destroy(fab_parked* p) { fab_comm_free(FAB_CONTAINER_OF(p, fab_comm, park)); }
-static void probe_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err);
 
 fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, fab_ctx* owner,
                          const fab_comm_config* config) {
   const fab_transport_ops* ops = ep->dev->ops;
-  fab_comm* c = calloc(1, sizeof(*c));
+  fab_comm* c = calloc(1, sizeof(*c) + ops->comm_size);
   if (!c) {
     FAB_WARN("out of memory creating a comm on %s", dev->name);
     return NULL;
   }
   uint32_t nreq = kind == FAB_OBJ_SEND ? ops->send_reqs : ops->recv_reqs;
-  uint32_t nsub = kind == FAB_OBJ_SEND ? ops->send_subs : ops->recv_subs;
-  if (fab_pool_init(&c->reqs, nreq, sizeof(fab_req) + nsub * sizeof(fab_sub)) != 0) {
+  size_t tp = kind == FAB_OBJ_SEND ? ops->send_req_size : ops->recv_req_size;
+  c->req_size = (uint32_t)(sizeof(fab_req) + tp);
+  if (fab_pool_init(&c->reqs, nreq, c->req_size) != 0) {
     FAB_WARN("out of memory creating a comm on %s (%u requests)", dev->name, nreq);
     free(c);
     return NULL;
@@ -38,30 +38,23 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, f
   c->ops = ops;
   c->peer = FI_ADDR_NOTAVAIL;
   c->max_bytes = dev->props.max_p2p_bytes;
-  c->mr_local = ep->dev->mr_local;
+  c->mr_local = ep->dev->reg_host; /* registration required */
   c->owner = owner;
   c->config = config ? *config : owner->config;
   c->park.destroy = comm_destroy;
   fab_list_init(&c->park.node);
   atomic_init(&c->inflight, 0);
-  fab_op_init(&c->probe_op, probe_done, c, 0);
-  /* Requests are initialised on first use (fab_comm_req_first_use), so an
-   * idle comm's pool stays non-resident. */
+  fab_op_init(&c->probe_op, fab_comm_probe_done, c, 0);
+  /* Requests are initialised on first use (fab_req_first_use), so an idle
+   * comm's pool stays non-resident. The id makes the comm findable by
+   * completions that name it (remote CQ data); ep lock held. */
+  c->local_id = fab_conn_id_next(ep);
+  if (fab_ep_id_set(ep, c->local_id, c) != 0 || (ops->comm_init && ops->comm_init(c) != FAB_OK)) {
+    if (c->local_id) FAB_WARN("out of memory creating a comm on %s", dev->name);
+    fab_comm_free(c);
+    return NULL;
+  }
   return c;
-}
-
-void fab_comm_req_first_use(fab_comm* c, fab_req* r) {
-  uint32_t nsub = c->kind == FAB_OBJ_SEND ? c->ops->send_subs : c->ops->recv_subs;
-  uint32_t idx = (uint32_t)(((char*)r - c->reqs.base) / c->reqs.stride);
-  r->pool_index = idx;
-  r->magic = FAB_REQ_MAGIC;
-  r->state = FAB_REQ_FREE;
-  r->comm = c;
-  c->ops->init_req(c, r, nsub);
-  /* Published last (release): a close-time scan reads [0, used). The pool's
-   * owner is the only writer. */
-  if (idx >= atomic_load_explicit(&c->reqs.used, memory_order_relaxed))
-    atomic_store_explicit(&c->reqs.used, idx + 1, memory_order_release);
 }
 
 int fab_comm_busy(fab_comm* c) {
@@ -140,6 +133,8 @@ int fab_comm_sweep_closed(fab_endpoint* ep) {
 }
 
 void fab_comm_free(fab_comm* c) {
+  if (c->ops->comm_fini) c->ops->comm_fini(c);
+  if (c->local_id && fab_ep_id_get(c->ep, c->local_id) == c) fab_ep_id_set(c->ep, c->local_id, NULL);
   uint32_t used = atomic_load(&c->reqs.used);
   for (uint32_t i = 0; i < used; i++) { /* never-used ones: do not fault their pages in */
     fab_req* r = fab_pool_at(&c->reqs, i);
@@ -154,83 +149,18 @@ void fab_comm_free(fab_comm* c) {
   free(c);
 }
 
-void fab_comm_fail(fab_comm* c, fab_result rc, const char* why) {
-  if (c->error != FAB_OK) return;
-  snprintf(c->error_why, sizeof(c->error_why), "%s", why);
-  c->error = rc;
-}
-
-static void probe_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
-  fab_comm* c = op->owner;
-  c->probe_posted = 0;
-  if (err && err->err != FI_ECANCELED && !c->closing) {
-    char why[160];
-    snprintf(why, sizeof(why), "a liveness probe to the peer failed (%s)", fi_strerror(err->err));
-    fab_comm_fail(c, fab_result_from_fi(err->err), why);
-  }
-  fab_comm_op_done(c);
-}
-
-/* Liveness: any completion of the comm's operations counts as a sign of life.
- * When none came since the last check, a zero-byte message to the peer's
- * control receive is posted (at most one per FAB_PROBE_INTERVAL_MS): its send
- * completion proves the connection still delivers, whether or not the peer's
- * application is progressing. tcp;ofi_rxm never completes operations to a
- * peer whose process died (it retries the refused connection forever), so
- * this is how such a death becomes an error instead of a hang. */
-void fab_comm_check_peer(fab_comm* c) {
-  int timeout = fab_g.params.peer_timeout_ms;
-  if (timeout <= 0 || c->error != FAB_OK || c->peer_in_process) return;
-  fab_endpoint* ep = c->ep;
-  pthread_mutex_lock(&ep->lock);
-  int64_t now = fab_now_ms();
-  uint64_t ncompl = atomic_load_explicit(&c->ncompl, memory_order_relaxed);
-  if (ncompl != c->ncompl_seen) {
-    c->ncompl_seen = ncompl;
-    c->stall_since_ms = 0;
-  } else if (c->stall_since_ms == 0) {
-    c->stall_since_ms = now;
-  } else if (now - c->stall_since_ms > timeout) {
-    char why[160];
-    snprintf(why, sizeof(why), "no sign of life from the peer for %lld ms (FABRIC_PEER_TIMEOUT_MS=%d)",
-             (long long)(now - c->stall_since_ms), timeout);
-    fab_comm_fail(c, FAB_ERR_REMOTE, why);
-  }
-  if (c->error == FAB_OK && c->stall_since_ms && !c->probe_posted &&
-      now - c->last_probe_ms >= FAB_PROBE_INTERVAL_MS) {
-    c->last_probe_ms = now;
-    atomic_fetch_add(&c->inflight, 1);
-    if (fi_send(ep->ep, NULL, 0, NULL, c->peer, &c->probe_op.ctx) == 0)
-      c->probe_posted = 1;
-    else
-      atomic_fetch_sub(&c->inflight, 1);
-  }
-  pthread_mutex_unlock(&ep->lock);
-}
-
-static int conn_id_in_use(fab_endpoint* ep, uint32_t id) {
-  fab_list* lists[2] = {&ep->comms, &ep->parked};
-  for (int k = 0; k < 2; k++) {
-    FAB_LIST_FOREACH_SAFE(it, tmp, lists[k]) {
-      fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
-      if (p->destroy != comm_destroy) continue;
-      fab_comm* c = FAB_CONTAINER_OF(p, fab_comm, park);
-      if (c->kind == FAB_OBJ_RECV && c->conn_id == id) return 1;
-    }
-  }
-  return 0;
-}
-
 /* Ids are handed out in sequence and not reused before the space wraps, so
  * late traffic of a closed connection cannot land in a new one. */
 uint32_t fab_conn_id_next(fab_endpoint* ep) {
+  uint32_t max = ep->dev->tags.conn_max;
+  if (max >= FAB_ID_PAGE * FAB_ID_PAGES) max = FAB_ID_PAGE * FAB_ID_PAGES - 1;
   for (;;) {
     uint32_t id = ep->next_conn_id++;
-    if (ep->next_conn_id > ep->dev->tags.conn_max) {
+    if (ep->next_conn_id > max) {
       ep->next_conn_id = 1;
       ep->conn_wrapped = 1;
     }
-    if (!ep->conn_wrapped || !conn_id_in_use(ep, id)) return id;
+    if (!ep->conn_wrapped || !fab_ep_id_get(ep, id)) return id;
   }
 }
 
@@ -330,14 +260,9 @@ int fab_comm_close_owned(fab_endpoint* home, fab_ctx* owner) {
   return n;
 }
 
-/* After fi_close(ep): nothing can complete any more; free everything. */
-void fab_conn_endpoint_teardown(fab_endpoint* ep) {
-  fab_listen_teardown(ep);
-  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
-    fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
-    fab_list_del(&pc->park.node);
-    pc->park.destroy(&pc->park);
-  }
+
+/* After fi_close(ep): nothing can complete any more; free every comm. */
+void fab_comm_endpoint_teardown(fab_endpoint* ep) {
   int live = 0;
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->comms) {
     fab_comm* c = FAB_CONTAINER_OF(it, fab_comm, park.node);
@@ -347,9 +272,4 @@ void fab_conn_endpoint_teardown(fab_endpoint* ep) {
     live++;
   }
   if (live) FAB_INFO(FAB_SUBSYS_INIT, "closed %d comms the runtime left open on %s", live, ep->dev->name);
-  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->parked) {
-    fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
-    fab_list_del(&p->node);
-    p->destroy(p);
-  }
 }

@@ -1,6 +1,9 @@
 /*
- * Connection management (the handshake), shared by listen/accept
- * (fab_listener.c), connect (fab_connect.c) and comm lifetime (fab_comm.c).
+ * Connection management: contexts and their endpoints (fab_ctx.c,
+ * fab_conn_ep.c), the handshake (fab_listen.c, fab_connect.c) and comm
+ * lifetime (fab_comm.c). Calls go down only: connect -> conn_ep -> listen,
+ * comm; listen -> comm; everything here -> transports and the provider
+ * layer.
  *
  * Handshake, all non-blocking:
  *  1. listen: the endpoint posts FAB_CTRL_RX receives for connect requests
@@ -9,14 +12,18 @@
  *     checksum}.
  *  2. connect: validate the handle, insert the listener's address, post a
  *     receive for the answer (tag: answer bit + our connector id), send the
- *     request {listen id, connector id, our address}. Return NULL until the
+ *     request {listen id, connector id, our address, our transport, its
+ *     payload}. Return NULL until the
  *     answer arrives or FABRIC_CONNECT_TIMEOUT_MS passes.
  *  3. listener's CQ: a request is validated and queued on the listen comm it
  *     names (several senders may queue on one listen comm); a request for an
  *     unknown listen id is answered "no listener" so the connector fails fast.
- *  4. accept: pop a request, create the recv comm with a connection id unique
- *     on this endpoint, send the answer, return the comm.
- *  5. connect sees the answer: the send comm tags its data with that id.
+ *  4. accept: pop a request, refuse it when it names another transport,
+ *     create the recv comm with a connection id unique on this endpoint, let
+ *     the transport read the request's payload and write the answer's, send
+ *     the answer, return the comm.
+ *  5. connect sees the answer: the send comm tags its data with that id and
+ *     the transport reads the answer's payload.
  *
  * On local-only providers (no FI_REMOTE_COMM, i.e. shm) each connect runs on
  * a new endpoint that then belongs to the send comm: such providers complete
@@ -86,7 +93,38 @@ typedef struct fab_pending {
   } msg;
 } fab_pending;
 
+/* fab_ctx.c: listen/connect prologue: the context (NULL handle: the process
+ * context), device dev and its shared endpoint; WARNs and returns the
+ * error. */
+fab_ctx* fab_ctx_resolve(fab_ctx* handle, const char* fn); /* NULL -> process context; WARNs */
+fab_device* fab_device_get(int dev, const char* fn);        /* WARNs */
+fab_result fab_ctx_endpoint(fab_ctx* handle, int dev, const char* fn, fab_ctx** ctx, fab_device** d,
+                            fab_endpoint** ep);
+
+/* fab_conn_ep.c: an endpoint with the connection layer's hooks and its
+ * control receives (connect requests, probes) posted. */
+fab_result fab_conn_endpoint_create(fab_device* dev, fab_endpoint** out);
+
 /* fab_comm.c */
+void fab_comm_free(fab_comm* c);
+/* 1 while libfabric still holds an operation context of c: a control
+ * operation (inflight) or a request with a posted operation that has not
+ * completed (pending > 0; a grouped receive's unposted part is abandoned when
+ * the comm closes). Scans the comm's used requests: for close time only. */
+int fab_comm_busy(fab_comm* c);
+/* Accounting of one completed control operation (the accept answer) of
+ * comm c; frees a closed comm with its last completion. ep lock held. */
+void fab_comm_op_done(fab_comm* c);
+/* Frees the closed comms parked on ep whose operations have all completed,
+ * and progresses ep's retiring own endpoints, destroying those left idle;
+ * returns how many went. ep lock held. The sweep hook of every endpoint. */
+int fab_comm_sweep_closed(fab_endpoint* ep);
+/* Parks a closed comm that libfabric still references (ep lock held). */
+void fab_comm_park_closed(fab_endpoint* ep, fab_comm* c);
+/* 1 when a parked object (or an entry of ep->comms) is a comm. */
+int fab_parked_is_comm(const fab_parked* p);
+/* After fi_close(ep): frees the comms left on ep (live or parked). */
+void fab_comm_endpoint_teardown(fab_endpoint* ep);
 /* config NULL: the owner context's. */
 fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, fab_ctx* owner,
                          const fab_comm_config* config);
@@ -104,7 +142,10 @@ int fab_comm_close_owned(fab_endpoint* home, fab_ctx* owner);
 int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner);
 int fab_connect_drop_owned(fab_endpoint* home, fab_ctx* owner);
 
-/* fab_listener.c */
+/* fab_listen.c */
 void fab_listen_teardown(fab_endpoint* ep);
+/* Posts the endpoint's control receives (connect requests and liveness
+ * probes); once, when the endpoint is created. */
+fab_result fab_ctrl_rx_setup(fab_endpoint* ep);
 
 #endif /* FAB_CONN_H */

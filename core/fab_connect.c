@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "fab_conn.h"
+#include "fab_transport.h"
 
 static void pending_free(fab_pending* pc) {
   if (pc->comm) fab_comm_free(pc->comm);
@@ -21,14 +22,14 @@ static void pending_op_done(fab_pending* pc) {
   }
 }
 
-static void req_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+static void req_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_pending* pc = op->owner;
   pc->req_state = FAB_SUB_DONE;
   if (err) pc->req_err = err->err ? err->err : FI_EIO;
   pending_op_done(pc);
 }
 
-static void ans_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+static void ans_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_pending* pc = op->owner;
   pc->ans_state = FAB_SUB_DONE;
   if (err) pc->ans_err = err->err ? err->err : FI_EIO;
@@ -150,7 +151,7 @@ static fab_result pick_endpoint(fab_endpoint* home, const fab_wire_handle* h, fa
   *out = home;
   if (!home->dev->local_only || home->nprivates >= fab_g.params.local_send_endpoints) return FAB_OK;
   if (!home_sends_to(home, h->addr, h->addr_len)) return FAB_OK;
-  fab_result rc = fab_endpoint_create(home->dev, out);
+  fab_result rc = fab_conn_endpoint_create(home->dev, out);
   if (rc != FAB_OK) return rc;
   fab_list_push(&home->privates, &(*out)->private_node);
   if (++home->nprivates == fab_g.params.local_send_endpoints)
@@ -216,7 +217,9 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
   pc->connector_id = connector_id_next(home);
   fab_op_init(&pc->req_op, req_done, pc, 0);
   fab_op_init(&pc->ans_op, ans_done, pc, 1);
-  fab_wire_connect_encode(&pc->msg.req, h.listen_id, pc->connector_id, ep->addr, ep->addr_len);
+  fab_wire_tp tp = {.comm_id = c->local_id, .transport = c->ops->id};
+  if (c->ops->connect_payload) tp.len = (uint8_t)c->ops->connect_payload(c, tp.data, sizeof(tp.data));
+  fab_wire_connect_encode(&pc->msg.req, h.listen_id, pc->connector_id, ep->addr, ep->addr_len, &tp);
   pc->deadline_ms = fab_now_ms() + fab_g.params.connect_timeout_ms;
   *out = pc;
   return FAB_OK;
@@ -268,9 +271,25 @@ static fab_result check_answer(fab_pending* pc, int* done) {
     FAB_WARN("connect to %s: invalid answer: %s", c->peer_name, a.listen_id != pc->listen_id ? "wrong listen id" : why);
     return FAB_ERR_REMOTE;
   }
+  if (a.status == FAB_ACCEPT_TRANSPORT) {
+    const fab_transport_ops* theirs = fab_transport_by_id(a.tp.transport);
+    FAB_WARN("connect to %s refused: this rank runs transport %s, the listener %s; set the same FABRIC_TRANSPORT on "
+             "every rank", c->peer_name, c->ops->name, theirs ? theirs->name : "unknown to this build");
+    return FAB_ERR_INVALID_USAGE;
+  }
   if (a.status != FAB_ACCEPT_OK) {
     FAB_WARN("connect to %s refused: %s", c->peer_name, fab_wire_status_str(a.status));
     return FAB_ERR_REMOTE;
+  }
+  if (a.tp.transport != c->ops->id) {
+    FAB_WARN("connect to %s: the answer names transport %u, this rank runs %s", c->peer_name, a.tp.transport,
+             c->ops->name);
+    return FAB_ERR_REMOTE;
+  }
+  c->peer_id = a.tp.comm_id;
+  if (c->ops->connected) {
+    fab_result trc = c->ops->connected(c, a.tp.data, a.tp.len); /* WARNs */
+    if (trc != FAB_OK) return trc;
   }
   if (a.conn_id > pc->ep->dev->tags.conn_max) {
     FAB_WARN("connect to %s: connection id %u exceeds this provider's tag space", c->peer_name, a.conn_id);

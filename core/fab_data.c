@@ -84,7 +84,7 @@ fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mh
   fab_mr* mr;
   fab_result rc = fab_mr_resolve(c, mhandle, data, size, "isend", &mr);
   if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
-  return c->ops->isend(c, data, size, tag, mr ? mr->desc : NULL, request);
+  return c->ops->isend(c, data, size, tag, mr, request);
 }
 
 fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags, void** mhandles,
@@ -97,19 +97,17 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
   if (FAB_UNLIKELY(n < 1 || n > FAB_MAX_RECVS)) return fab_bad_argument("irecv", "n", n, "1..8 (maxRecvs)");
   if (FAB_UNLIKELY(!data || !sizes || !tags)) return fab_bad_argument("irecv", "data/sizes/tags", 0, "arrays of n");
   if (FAB_UNLIKELY(c->error != FAB_OK)) return comm_failed(c, "irecv");
-  void* descs[FAB_MAX_RECVS];
+  fab_mr* mrs[FAB_MAX_RECVS];
   for (int i = 0; i < n; i++) {
     if (FAB_UNLIKELY(sizes[i] > c->max_bytes)) {
       FAB_WARN("irecv: sizes[%d] = %zu exceeds maxP2pBytes %zu of %s", i, sizes[i], c->max_bytes, c->dev->name);
       return FAB_ERR_INTERNAL;
     }
     if (FAB_UNLIKELY(!data[i] && sizes[i])) return fab_bad_argument("irecv", "data[i]", i, "a buffer");
-    fab_mr* mr;
-    fab_result rc = fab_mr_resolve(c, mhandles ? mhandles[i] : NULL, data[i], sizes[i], "irecv", &mr);
+    fab_result rc = fab_mr_resolve(c, mhandles ? mhandles[i] : NULL, data[i], sizes[i], "irecv", &mrs[i]);
     if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
-    descs[i] = mr ? mr->desc : NULL;
   }
-  return c->ops->irecv(c, n, data, sizes, tags, descs, request);
+  return c->ops->irecv(c, n, data, sizes, tags, mrs, request);
 }
 
 fab_result fab_iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles, void** request) {
@@ -137,5 +135,5 @@ fab_result fab_test(void* request, int* done, int* sizes) {
     FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);
     return FAB_ERR_INTERNAL;
   }
-  return r->comm->ops->test(r, done, sizes);
+  return fab_req_test(r, done, sizes);
 }

@@ -20,7 +20,7 @@
 #include "fab_cuda.h"
 #include "fab_engine.h"
 #include "fab_mr.h"
-#include "fab_transport.h"
+#include "fab_transport.h" /* the needs of candidate transports (data only) */
 
 /* Reported when the provider does not know the link speed (tcp on lo, shm):
  * 100 Gb/s, a common NIC class, keeps NCCL's topology search from treating
@@ -33,25 +33,30 @@ static uint32_t api_version(void) {
   return running < built ? running : built;
 }
 
-/* extra: FI_HMEM and/or FI_REMOTE_COMM on top of the base capabilities. */
-static struct fi_info* make_hints(const char* prov, uint64_t extra) {
+/* What the core itself needs on top of any transport's: the handshake sends
+ * untagged connect requests and tagged answers. */
+#define CORE_CAPS (FI_TAGGED | FI_MSG)
+
+/* The hints for transport t; extra: FI_HMEM and/or FI_REMOTE_COMM. */
+static struct fi_info* make_hints(const char* prov, const fab_transport_ops* t, uint64_t extra) {
   struct fi_info* h = fi_allocinfo();
   if (!h) return NULL;
   int hmem = !!(extra & FI_HMEM);
-  h->caps = FI_TAGGED | FI_MSG | extra;
+  h->caps = CORE_CAPS | t->needs.caps | extra;
   h->mode = FI_CONTEXT | FI_CONTEXT2;
   h->ep_attr->type = FI_EP_RDM;
   h->domain_attr->threading = FI_THREAD_SAFE;
   h->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR | (hmem ? FI_MR_HMEM : 0);
-  h->tx_attr->msg_order = FI_ORDER_SAS;
-  h->rx_attr->msg_order = FI_ORDER_SAS;
+  h->domain_attr->cq_data_size = t->needs.cq_data_size;
+  h->tx_attr->msg_order = FI_ORDER_SAS | t->needs.msg_order;
+  h->rx_attr->msg_order = FI_ORDER_SAS | t->needs.msg_order;
   if (prov && *prov) h->fabric_attr->prov_name = strdup(prov);
   return h;
 }
 
-static struct fi_info* query(const char* prov, uint64_t extra, int* rc) {
-  struct fi_info* hints = make_hints(prov, extra);
+static struct fi_info* query(const char* prov, const fab_transport_ops* t, uint64_t extra, int* rc) {
+  struct fi_info* hints = make_hints(prov, t, extra);
   struct fi_info* info = NULL;
   if (!hints) {
     *rc = -FI_ENOMEM;
@@ -62,11 +67,14 @@ static struct fi_info* query(const char* prov, uint64_t extra, int* rc) {
   return *rc ? NULL : info;
 }
 
-/* Why an entry is unusable, or NULL when it is fine. */
-static const char* reject_reason(const struct fi_info* fi) {
-  fab_tag_layout t;
-  if (fab_tag_layout_init(&t, fi->ep_attr->mem_tag_format) != 0) return "too few tag bits";
-  if (!fab_transport_select(fi)) return "no transport can run on it";
+/* Why an entry is unusable for transport t, or NULL when it is fine. */
+static const char* reject_reason(const struct fi_info* fi, const fab_transport_ops* t) {
+  fab_tag_layout tags;
+  if (fab_tag_layout_init(&tags, fi->ep_attr->mem_tag_format) != 0) return "too few tag bits";
+  uint64_t caps = CORE_CAPS | t->needs.caps;
+  if ((fi->caps & caps) != caps) return "lacks capabilities the transport needs";
+  if (fi->domain_attr->cq_data_size < t->needs.cq_data_size) return "too little remote CQ data";
+  if (t->needs.mr_key_size && fi->domain_attr->mr_key_size > t->needs.mr_key_size) return "remote keys too long";
   if (fi->domain_attr->mr_mode & FI_MR_ENDPOINT) return "needs FI_MR_ENDPOINT";
   if (fi->ep_attr->max_msg_size == 0) return "max_msg_size 0";
   return NULL;
@@ -117,7 +125,7 @@ static void fill_properties(fab_device* d, const struct fi_info* fi) {
   p->plane_id = -1;
 }
 
-static int add_device(const struct fi_info* fi) {
+static int add_device(const struct fi_info* fi, const fab_transport_ops* t) {
   int idx = fab_g.nphys;
   if (idx >= FAB_MAX_DEVICES) return -1;
   fab_device* d = calloc(1, sizeof(*d));
@@ -130,12 +138,17 @@ static int add_device(const struct fi_info* fi) {
   d->index = idx;
   d->physical = 1;
   d->carrier = idx;
-  d->ops = fab_transport_select(fi);
+  d->ops = t;
+  d->remote_data = t->remote_data;
   fab_tag_layout_init(&d->tags, fi->ep_attr->mem_tag_format);
   d->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL);
   d->mr_hmem = !!(fi->domain_attr->mr_mode & FI_MR_HMEM);
   d->prov_key = !!(fi->domain_attr->mr_mode & FI_MR_PROV_KEY);
   d->hmem = !!(fi->caps & FI_HMEM);
+  d->virt_addr = !!(fi->domain_attr->mr_mode & FI_MR_VIRT_ADDR);
+  d->mr_access = t->needs.mr_access;
+  d->reg_host = d->mr_local || t->needs.reg_host;
+  d->inject_size = fi->tx_attr->inject_size;
   const char* prov = fi->fabric_attr->prov_name;
   d->prov_hash = (uint32_t)fab_fnv1a(FAB_FNV_SEED, prov, strlen(prov));
   snprintf(d->name, sizeof(d->name), "%s", fi->domain_attr->name ? fi->domain_attr->name : prov);
@@ -161,39 +174,71 @@ static int already_have(const struct fi_info* fi) {
   return 0;
 }
 
-fab_result fab_devices_discover(void) {
+/* The first entry of a query that transport t can run, or NULL. */
+static const struct fi_info* first_usable(const struct fi_info* all, const fab_transport_ops* t, int log) {
+  for (const struct fi_info* fi = all; fi; fi = fi->next) {
+    const char* why = reject_reason(fi, t);
+    if (!why) return fi;
+    if (log) FAB_INFO(FAB_SUBSYS_INIT, "skipping %s/%s: %s", fi->fabric_attr->prov_name, fi->domain_attr->name, why);
+  }
+  return NULL;
+}
+
+/* The provider: the first one the least demanding candidate (the last in
+ * the list) can run, so a preferred transport never drags the choice onto
+ * a different provider (an intra-host one, say). */
+static int choose_provider(const fab_transport_ops* const* cands, int n, char* prov, size_t len) {
   const char* want = fab_g.params.provider;
   int rc;
-  struct fi_info* all = query(want, 0, &rc);
-  const struct fi_info* first = NULL;
-  for (const struct fi_info* fi = all; fi; fi = fi->next) {
-    const char* why = reject_reason(fi);
-    if (!why) {
-      first = fi;
-      break;
-    }
-    FAB_INFO(FAB_SUBSYS_INIT, "skipping %s/%s: %s", fi->fabric_attr->prov_name, fi->domain_attr->name, why);
-  }
-  if (!first) {
-    FAB_WARN("no usable libfabric provider%s%s: fi_getinfo(RDM, FI_TAGGED|FI_MSG, FI_ORDER_SAS, FI_THREAD_SAFE) "
-             "%s. Check `fi_info -t FI_EP_RDM`, FABRIC_PROVIDER and FI_PROVIDER",
+  struct fi_info* all = query(want, cands[n - 1], 0, &rc);
+  const struct fi_info* first = first_usable(all, cands[n - 1], 1);
+  if (first) snprintf(prov, len, "%s", first->fabric_attr->prov_name);
+  else
+    FAB_WARN("no usable libfabric provider%s%s: fi_getinfo(RDM, FI_TAGGED|FI_MSG%s, FI_ORDER_SAS, FI_THREAD_SAFE) "
+             "%s. Check `fi_info -t FI_EP_RDM`, FABRIC_PROVIDER, FI_PROVIDER and FABRIC_TRANSPORT",
              want && *want ? " named " : "", want && *want ? want : "",
+             cands[n - 1]->needs.caps & FI_RMA ? "|FI_RMA" : "",
              rc ? fi_strerror(-rc) : "found no entry this plugin can use");
+  fi_freeinfo(all);
+  return first ? 0 : -1;
+}
+
+/* The most preferred candidate that can run on provider prov. */
+static const fab_transport_ops* choose_transport(const fab_transport_ops* const* cands, int n, const char* prov) {
+  for (int i = 0; i < n; i++) {
+    int rc;
+    struct fi_info* all = query(prov, cands[i], 0, &rc);
+    int ok = first_usable(all, cands[i], 0) != NULL;
     fi_freeinfo(all);
+    if (ok) return cands[i];
+    FAB_INFO(FAB_SUBSYS_INIT, "transport %s cannot run on %s%s", cands[i]->name, prov,
+             i + 1 < n ? "; trying the next" : "");
+  }
+  return NULL;
+}
+
+fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncands) {
+  char prov[128];
+  if (ncands < 1) return FAB_ERR_INVALID_USAGE; /* fab_transport_candidates WARNed */
+  if (choose_provider(cands, ncands, prov, sizeof(prov)) != 0) return FAB_ERR_SYSTEM;
+  const fab_transport_ops* t = choose_transport(cands, ncands, prov);
+  if (!t) {
+    FAB_WARN("provider %s cannot run transport %s; choose another FABRIC_TRANSPORT or provider", prov,
+             cands[0]->name);
     return FAB_ERR_SYSTEM;
   }
-  char prov[128];
-  snprintf(prov, sizeof(prov), "%s", first->fabric_attr->prov_name);
-  struct fi_info* hmem = fab_g.cuda_ok ? query(prov, FI_HMEM | FI_REMOTE_COMM, &rc) : NULL;
+  int rc;
+  struct fi_info* all = query(prov, t, 0, &rc);
+  struct fi_info* hmem = fab_g.cuda_ok ? query(prov, t, FI_HMEM | FI_REMOTE_COMM, &rc) : NULL;
   /* A provider that cannot reach other hosts (shm) completes sends to one
    * peer in order, so one comm's unmatched large send would hold up every
    * other comm's sends to that peer on a shared endpoint: a further send
    * comm to a peer gets an endpoint of its own (fab_connect.c). */
-  struct fi_info* remote = query(prov, FI_REMOTE_COMM, &rc);
+  struct fi_info* remote = query(prov, t, FI_REMOTE_COMM, &rc);
   struct fi_info* list = hmem ? hmem : all;
   for (const struct fi_info* fi = list; fi; fi = fi->next) {
-    if (strcmp(fi->fabric_attr->prov_name, prov) || reject_reason(fi) || already_have(fi)) continue;
-    if (add_device(fi) != 0) break;
+    if (strcmp(fi->fabric_attr->prov_name, prov) || reject_reason(fi, t) || already_have(fi)) continue;
+    if (add_device(fi, t) != 0) break;
     fab_g.devs[fab_g.nphys - 1]->local_only = remote == NULL;
   }
   fi_freeinfo(remote);
@@ -256,10 +301,6 @@ void fab_devices_release(void) {
   fab_g.nphys = 0;
 }
 
-const char* fab_device_provider(const fab_device* d) {
-  const fab_device* c = d->physical ? d : fab_g.devs[d->carrier];
-  return c->info->fabric_attr->prov_name;
-}
 
 /* --- virtual devices ------------------------------------------------------ */
 

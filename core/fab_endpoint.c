@@ -90,7 +90,7 @@ static int name_endpoint(fab_endpoint* ep) {
   return rc == -FI_ENOSYS || rc == -FI_EOPNOTSUPP ? 0 : rc; /* keep the provider's own name */
 }
 
-fab_result fab_endpoint_create(fab_device* dev, fab_endpoint** out) {
+fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_endpoint** out) {
   fab_endpoint* ep = calloc(1, sizeof(*ep));
   if (!ep) {
     FAB_WARN("out of memory creating an endpoint on %s", dev->name);
@@ -98,6 +98,7 @@ fab_result fab_endpoint_create(fab_device* dev, fab_endpoint** out) {
   }
   pthread_mutex_init(&ep->lock, NULL);
   ep->dev = dev;
+  ep->hooks = hooks;
   fab_list_init(&ep->listens);
   fab_list_init(&ep->connects);
   fab_list_init(&ep->comms);
@@ -112,7 +113,7 @@ fab_result fab_endpoint_create(fab_device* dev, fab_endpoint** out) {
   if (ep->cq_batch > FAB_CQ_BATCH_MAX) ep->cq_batch = FAB_CQ_BATCH_MAX;
 
   struct fid_domain* domain = dev->dom->domain;
-  struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_NONE};
+  struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE};
   int rc = fi_cq_open(domain, &cq_attr, &ep->cq, NULL);
   if (rc) return open_fail(ep, "fi_cq_open", rc);
   struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
@@ -133,13 +134,6 @@ fab_result fab_endpoint_create(fab_device* dev, fab_endpoint** out) {
   if (rc == -FI_ETOOSMALL) return open_fail(ep, "fi_getname (address longer than the handle can carry)", rc);
   if (rc) return open_fail(ep, "fi_getname", rc);
   ep->addr_len = len;
-  fab_result frc = fab_ctrl_rx_setup(ep);
-  if (frc != FAB_OK) {
-    fi_close(&ep->ep->fid); /* the control receives reference ep->ctrl_rx */
-    ep->ep = NULL;
-    fab_conn_endpoint_teardown(ep);
-    return open_fail(ep, NULL, 0); /* fab_ctrl_rx_setup WARNed */
-  }
   char name[128];
   fab_ep_peer_name(ep, FI_ADDR_NOTAVAIL, name, sizeof(name));
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "endpoint on %s/%s: %s", fab_device_provider(dev), dev->name, name);
@@ -158,10 +152,11 @@ void fab_endpoint_destroy(fab_endpoint* ep) {
    * context or buffer of ours; only then is everything freed. */
   if (ep->ep) fi_close(&ep->ep->fid);
   ep->ep = NULL;
-  fab_conn_endpoint_teardown(ep);
+  if (ep->hooks) ep->hooks->teardown(ep);
   if (ep->cq) fi_close(&ep->cq->fid);
   if (ep->av) fi_close(&ep->av->fid);
   free(ep->av_cache);
+  for (int i = 0; i < FAB_ID_PAGES; i++) free((void*)atomic_load(&ep->ids[i]));
   pthread_mutex_destroy(&ep->lock);
   free(ep);
 }
@@ -194,12 +189,19 @@ static fab_result read_error(fab_endpoint* ep) {
   return FAB_OK;
 }
 
+/* A completion without an operation of ours: a peer's write with remote CQ
+ * data (the transport knows what it means), or nothing we asked for. */
+static __attribute__((noinline)) void dispatch_remote(fab_endpoint* ep, const fab_cqe* e) {
+  if ((e->flags & FI_REMOTE_CQ_DATA) && ep->dev->remote_data) ep->dev->remote_data(ep, e);
+}
+
 /* Handles what one fi_cq_read returned. Caller holds ep->lock. */
-static fab_result dispatch_locked(fab_endpoint* ep, const struct fi_cq_msg_entry* e, ssize_t n) {
+static fab_result dispatch_locked(fab_endpoint* ep, const fab_cqe* e, ssize_t n) {
   if (n > 0) {
     for (ssize_t i = 0; i < n; i++) {
       fab_op* op = e[i].op_context;
       if (FAB_LIKELY(op != NULL)) op->fn(op, &e[i], NULL);
+      else dispatch_remote(ep, &e[i]);
     }
     return FAB_OK;
   }
@@ -210,20 +212,24 @@ static fab_result dispatch_locked(fab_endpoint* ep, const struct fi_cq_msg_entry
 
 fab_result fab_ep_progress_locked(fab_endpoint* ep) {
   if (FAB_UNLIKELY(ep->failed)) return ep->failed;
-  struct fi_cq_msg_entry e[FAB_CQ_BATCH_MAX];
+  fab_cqe e[FAB_CQ_BATCH_MAX];
   ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
   fab_result rc = dispatch_locked(ep, e, n);
-  if (FAB_UNLIKELY(atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0)) fab_comm_sweep_closed(ep);
+  if (FAB_UNLIKELY(atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0) && ep->hooks)
+    ep->hooks->sweep(ep);
   return rc;
 }
 
 /* Successful completions: data operations right away, control operations
  * under the lock (taken once per batch, and only when one is there). */
-static void dispatch_unlocked(fab_endpoint* ep, const struct fi_cq_msg_entry* e, ssize_t n) {
+static void dispatch_unlocked(fab_endpoint* ep, const fab_cqe* e, ssize_t n) {
   int locked = 0;
   for (ssize_t i = 0; i < n; i++) {
     fab_op* op = e[i].op_context;
-    if (FAB_UNLIKELY(op == NULL)) continue;
+    if (FAB_UNLIKELY(op == NULL)) {
+      dispatch_remote(ep, &e[i]);
+      continue;
+    }
     if (FAB_UNLIKELY(!op->unlocked) && !locked) {
       pthread_mutex_lock(&ep->lock);
       locked = 1;
@@ -247,7 +253,7 @@ static __attribute__((noinline)) void sweep_sometimes(fab_endpoint* ep) {
   }
   atomic_store_explicit(&ep->sweep_tick, 0, memory_order_relaxed);
   pthread_mutex_lock(&ep->lock);
-  int gone = fab_comm_sweep_closed(ep);
+  int gone = ep->hooks ? ep->hooks->sweep(ep) : 0;
   every = atomic_load_explicit(&ep->sweep_every, memory_order_relaxed); /* a close may have reset it */
   if (gone) every = FAB_SWEEP_EVERY_MIN;
   else if (every < FAB_SWEEP_EVERY_MAX) every *= 2;
@@ -257,7 +263,7 @@ static __attribute__((noinline)) void sweep_sometimes(fab_endpoint* ep) {
 
 fab_result fab_ep_poll(fab_endpoint* ep) {
   if (FAB_UNLIKELY(ep->failed)) return ep->failed;
-  struct fi_cq_msg_entry e[FAB_CQ_BATCH_MAX];
+  fab_cqe e[FAB_CQ_BATCH_MAX];
   ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
   fab_result rc = FAB_OK;
   if (n > 0) {
@@ -361,4 +367,17 @@ int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr,
 
 void fab_ep_ctrl_dereg(struct fid_mr* mr) {
   if (mr) fi_close(&mr->fid);
+}
+
+int fab_ep_id_set(fab_endpoint* ep, uint32_t id, fab_comm* c) {
+  if (id >= FAB_ID_PAGE * FAB_ID_PAGES) return -1;
+  _Atomic(fab_comm*)* page = atomic_load_explicit(&ep->ids[id / FAB_ID_PAGE], memory_order_relaxed);
+  if (!page) {
+    if (!c) return 0;
+    page = calloc(FAB_ID_PAGE, sizeof(*page));
+    if (!page) return -1;
+    atomic_store_explicit(&ep->ids[id / FAB_ID_PAGE], page, memory_order_release);
+  }
+  atomic_store_explicit(&page[id % FAB_ID_PAGE], c, memory_order_release);
+  return 0;
 }

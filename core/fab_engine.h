@@ -34,6 +34,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 #include <stdatomic.h>
 
@@ -57,8 +58,10 @@ typedef struct fab_req fab_req;
 
 typedef struct fab_op fab_op;
 /* Exactly one of done / err is non-NULL. Runs with the endpoint lock held,
- * except a successful completion of an unlocked operation. */
-typedef void (*fab_op_fn)(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err);
+ * except a successful completion of an unlocked operation. Every CQ is opened
+ * with FI_CQ_FORMAT_DATA, so a completion carries its remote CQ data. */
+typedef struct fi_cq_data_entry fab_cqe;
+typedef void (*fab_op_fn)(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
 
 struct fab_op {
   struct fi_context2 ctx; /* first: libfabric's op_context points here */
@@ -108,11 +111,17 @@ typedef struct fab_device {
   struct fi_info* info;  /* physical only */
   fab_domain* dom;       /* physical only; opened on first endpoint */
   const fab_transport_ops* ops;
+  /* the transport's handler of peers' writes with remote CQ data (may be NULL) */
+  void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);
   fab_tag_layout tags;
   int mr_local;          /* FI_MR_LOCAL: every buffer needs a descriptor */
   int mr_hmem;           /* FI_MR_HMEM: device memory needs registration */
   int prov_key;          /* FI_MR_PROV_KEY granted */
   int hmem;              /* FI_HMEM granted */
+  int virt_addr;         /* FI_MR_VIRT_ADDR: peers address registered memory by virtual address */
+  uint64_t mr_access;    /* access flags of every registration: what the transport needs */
+  int reg_host;          /* host memory is registered (FI_MR_LOCAL, or remote access needed) */
+  size_t inject_size;    /* largest fi_inject / fi_inject_write */
   int local_only;        /* no FI_REMOTE_COMM: a further send comm to a peer gets its own endpoint */
   uint32_t prov_hash;
   fab_properties props;
@@ -133,6 +142,7 @@ struct fab_ctx {
 
 /* --- endpoints ------------------------------------------------------------ */
 
+enum { FAB_ID_PAGE = 1024, FAB_ID_PAGES = 1024 }; /* comm id table: up to 2^20 ids */
 enum { FAB_CTRL_RX = 16 }; /* untagged receive buffers (connect requests, probes) per endpoint */
 enum { FAB_SWEEP_EVERY_MIN = 64, FAB_SWEEP_EVERY_MAX = 4096 }; /* data polls between sweeps */
 
@@ -144,8 +154,17 @@ typedef struct fab_av_entry {
   uint32_t refs; /* comms and refusals using it */
 } fab_av_entry;
 
+/* What the connection layer does with an endpoint it created: sweep its
+ * closed comms (while nclosing > 0) and free its objects once the libfabric
+ * endpoint is closed. Hooks, so the provider layer never calls upwards. */
+typedef struct fab_ep_hooks {
+  int (*sweep)(fab_endpoint* ep);    /* ep lock held; returns how many objects went */
+  void (*teardown)(fab_endpoint* ep); /* after fi_close(ep) */
+} fab_ep_hooks;
+
 struct fab_endpoint {
   pthread_mutex_t lock;
+  const fab_ep_hooks* hooks;
   fab_device* dev; /* physical */
   struct fid_ep* ep;
   struct fid_cq* cq;
@@ -173,6 +192,7 @@ struct fab_endpoint {
   uint32_t next_connector_id;
   fab_av_entry* av_cache;
   size_t av_count, av_cap;
+  _Atomic(_Atomic(fab_comm*)*) ids[FAB_ID_PAGES]; /* id table (fab_ep_id_*): pages of FAB_ID_PAGE */
   /* private endpoints of send comms (local-only providers), owned here */
   fab_list privates;
   fab_list private_node;
@@ -189,37 +209,36 @@ struct fab_endpoint {
  * freed. */
 enum { FAB_REQ_FREE = 0, FAB_REQ_ACTIVE = 1, FAB_REQ_ORPHAN = 2 };
 enum { FAB_REQ_SEND = 1, FAB_REQ_RECV = 2 };
+/* state of one posted operation (a sub-receive, a handshake message) */
 enum { FAB_SUB_IDLE = 0, FAB_SUB_POSTED = 1, FAB_SUB_DONE = 2 };
 
-typedef struct fab_sub {
-  fab_op op;
-  void* data;
-  size_t size; /* posted size */
-  size_t got;  /* bytes received */
-  void* desc;
-  uint64_t tag;
-  _Atomic int state; /* FAB_SUB_*; set DONE by its completion, in any thread */
-} fab_sub;
-
-static inline void fab_sub_set_state(fab_sub* s, int state) {
-  atomic_store_explicit(&s->state, state, memory_order_relaxed);
-}
-static inline int fab_sub_state(fab_sub* s) { return atomic_load_explicit(&s->state, memory_order_relaxed); }
-
+/* A request: the part every transport shares (pool slot, pending count,
+ * result, what test reports) followed by the transport's private area
+ * (fab_req_tp), sized by the transport's req_size. The lifecycle (get, put,
+ * test, failure, orphaning) is the core's (fab_req.c). */
 struct fab_req {
   uint32_t magic;
   uint8_t state; /* FAB_REQ_* */
   uint8_t type;  /* FAB_REQ_SEND / RECV */
-  uint8_t n;
-  uint8_t nposted;
-  _Atomic int pending; /* sub-operations not completed yet (posted or not); the last
+  uint8_t n;     /* buffers: the sizes test reports */
+  uint8_t spare;
+  _Atomic int pending; /* operations not completed yet (posted or not); the last
                         * write of a completion: 0 hands r back to its owner */
-  fab_result result;   /* first error of a sub-operation */
+  fab_result result;   /* first error of an operation */
   uint32_t pool_index; /* its slot in comm->reqs */
+  int tag;             /* NCCL tag of the first buffer (for messages) */
+  size_t size;         /* size of the first buffer (for messages) */
   char* errmsg;        /* its description (error path only) */
   fab_comm* comm;
-  fab_sub sub[];
+  _Alignas(16) unsigned char tp[]; /* the transport's */
 };
+
+static inline void* fab_req_tp(fab_req* r) { return r->tp; }
+
+/* The ids of an endpoint's comms (recv comms' ids are also the tag prefix of
+ * their data): a two-level table readable without the lock, so a completion
+ * that names a comm by id (remote CQ data) finds it on the data path. Pages
+ * are allocated under the endpoint lock and live as long as the endpoint. */
 
 struct fab_comm {
   uint32_t magic;
@@ -229,7 +248,9 @@ struct fab_comm {
   fab_device* dev; /* as named by the runtime (may be virtual) */
   const fab_transport_ops* ops;
   fi_addr_t peer;
-  uint32_t conn_id;
+  uint32_t conn_id;  /* recv: assigned here, the tag prefix of its data; send: from the answer */
+  uint32_t local_id; /* its id in ep's id table (recv: == conn_id) */
+  uint32_t peer_id;  /* the peer comm's local_id on its endpoint */
   uint64_t tag_base; /* fab_tag_data(conn_id, 0) */
   size_t max_bytes;
   int mr_local;
@@ -249,7 +270,7 @@ struct fab_comm {
                          * operations are tracked by their requests (fab_comm_busy) */
   fab_parked park;      /* in ep->comms while live, ep->parked once closed */
   fab_pool reqs;
-  fab_req* backlog;     /* recv: grouped receive not fully posted yet */
+  uint32_t req_size;    /* bytes per request, transport area included */
   fab_op answer_op;     /* recv: the accept answer in flight */
   fab_wire_accept answer;
   struct fid_mr* answer_mr;
@@ -263,7 +284,10 @@ struct fab_comm {
   _Atomic uint32_t stall_polls;
   fab_op probe_op;
   char peer_name[96];
+  _Alignas(16) unsigned char tp[]; /* the transport's (comm_size bytes) */
 };
+
+static inline void* fab_comm_tp(fab_comm* c) { return c->tp; }
 
 /* --- engine --------------------------------------------------------------- */
 
@@ -285,53 +309,26 @@ typedef struct fab_engine {
 
 extern fab_engine fab_g;
 
-/* fab_plugin.c */
-fab_ctx* fab_ctx_resolve(fab_ctx* handle, const char* fn); /* NULL -> process context; WARNs */
-fab_device* fab_device_get(int dev, const char* fn);        /* WARNs */
-/* listen/connect prologue: the context (NULL handle: the process context),
- * device dev and its shared endpoint; WARNs and returns the error. */
-fab_result fab_ctx_endpoint(fab_ctx* handle, int dev, const char* fn, fab_ctx** ctx, fab_device** d,
-                            fab_endpoint** ep);
+/* --- the provider layer's interface ----------------------------------------- */
 
-/* fab_device.c */
-fab_result fab_devices_discover(void);
+/* The device's provider name (virtual devices: their carrier's). */
+static inline const char* fab_device_provider(const fab_device* d) {
+  const fab_device* c = d->physical ? d : fab_g.devs[d->carrier];
+  return c->info->fabric_attr->prov_name;
+}
+
+/* fab_device.c: discovery asks for what the candidate transports need, in
+ * order of preference (fab_transport.c), and gives each device the first
+ * one its provider entry can run. */
+fab_result fab_devices_discover(const fab_transport_ops* const* candidates, int ncandidates);
 void fab_devices_release(void);
 fab_result fab_domain_open(fab_device* dev);
 fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out); /* engine lock held */
-const char* fab_device_provider(const fab_device* dev);
-
-/* fab_comm.c */
-void fab_comm_free(fab_comm* c);
-/* Initialises a pooled request the first time it is handed out. */
-void fab_comm_req_first_use(fab_comm* c, fab_req* r);
-/* Marks the connection failed (sticky); later calls on it return the error.
- * ep lock held. Does not WARN: the calls that return the error do. Posted
- * receives stay posted until the comm closes: the comm's owner may be
- * using its requests in another thread right now. */
-void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);
-/* A transport's test calls this while a request of c stays pending: after
- * FAB_STALL_POLLS polls it looks for signs of life from the peer, probes it,
- * and fails the comm after FABRIC_PEER_TIMEOUT_MS without any. */
-enum { FAB_STALL_POLLS = 256, FAB_PROBE_INTERVAL_MS = 1000 };
-void fab_comm_check_peer(fab_comm* c);
-static inline void fab_comm_stalled(fab_comm* c) {
-  /* A load and a store, not an atomic add: this runs on every poll that
-   * finds its request pending, and a lost count between racing threads only
-   * delays the check a little. */
-  uint32_t polls = atomic_load_explicit(&c->stall_polls, memory_order_relaxed) + 1;
-  atomic_store_explicit(&c->stall_polls, polls, memory_order_relaxed);
-  if (FAB_UNLIKELY(polls >= FAB_STALL_POLLS)) {
-    atomic_store_explicit(&c->stall_polls, 0, memory_order_relaxed);
-    fab_comm_check_peer(c);
-  }
-}
-void fab_conn_endpoint_teardown(fab_endpoint* ep);
-/* fab_listen.c: posts the endpoint's control receives (connect requests and
- * liveness probes); called once when the endpoint is created. */
-fab_result fab_ctrl_rx_setup(fab_endpoint* ep);
 
 /* fab_endpoint.c */
-fab_result fab_endpoint_create(fab_device* dev, fab_endpoint** out);
+fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_endpoint** out);
+/* Closes the libfabric endpoint (its own endpoints first), runs the
+ * teardown hook, frees the rest. */
 void fab_endpoint_destroy(fab_endpoint* ep);
 /* Reads one batch of completions and dispatches them. Caller holds ep->lock. */
 fab_result fab_ep_progress_locked(fab_endpoint* ep);
@@ -341,7 +338,6 @@ fab_result fab_ep_progress_locked(fab_endpoint* ep);
  * of a spinning test -- then costs what fi_cq_read costs, with no lock
  * round trip of ours on top of the provider's own. */
 fab_result fab_ep_poll(fab_endpoint* ep);
-static inline void fab_ep_try_progress(fab_endpoint* ep) { fab_ep_poll(ep); }
 /* Inserts (or finds) a peer address and takes a reference on it. Caller
  * holds ep->lock. */
 int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out);
@@ -364,12 +360,18 @@ void fab_ep_park(fab_endpoint* ep, fab_parked* p);
  * (FI_MR_LOCAL); returns 0 or a negative fi errno. */
 int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr, void** desc);
 void fab_ep_ctrl_dereg(struct fid_mr* mr);
+/* The comm id table. set/clear under ep->lock (set returns -1 when out of
+ * memory); get is lock-free and returns NULL for an unknown or cleared id. */
+int fab_ep_id_set(fab_endpoint* ep, uint32_t id, fab_comm* c);
+static inline fab_comm* fab_ep_id_get(fab_endpoint* ep, uint32_t id) {
+  if (FAB_UNLIKELY(id >= FAB_ID_PAGE * FAB_ID_PAGES)) return NULL;
+  _Atomic(fab_comm*)* page = atomic_load_explicit(&ep->ids[id / FAB_ID_PAGE], memory_order_acquire);
+  if (FAB_UNLIKELY(!page)) return NULL;
+  return atomic_load_explicit(&page[id % FAB_ID_PAGE], memory_order_acquire);
+}
 
-/* 1 while libfabric still holds an operation context of c: a control
- * operation (inflight) or a request with a posted sub-operation that has not
- * completed (pending > 0; a grouped receive's unposted part is abandoned when
- * the comm closes). Scans the comm's used requests: for close time only. */
-int fab_comm_busy(fab_comm* c);
+/* Maps libfabric errors onto result codes: peer loss -> REMOTE, else SYSTEM. */
+fab_result fab_result_from_fi(int fi_err);
 
 /* A sign of life for the liveness check: a load and a store, not an atomic
  * add, since completions of one comm may be dispatched by several threads
@@ -379,22 +381,10 @@ static inline void fab_comm_count_completion(fab_comm* c) {
                         memory_order_relaxed);
 }
 
-/* Accounting of one completed control operation (probe, accept answer) of
- * comm c; frees a closed comm with its last completion. ep lock held. */
-void fab_comm_op_done(fab_comm* c);
-
-/* Frees the closed comms parked on ep whose operations have all completed,
- * and progresses ep's retiring own endpoints, destroying those left idle;
- * returns how many went. ep lock held. Called while ep->nclosing > 0 by
- * every locked progress of ep and by one data-path poll in ep->sweep_every. */
-int fab_comm_sweep_closed(fab_endpoint* ep);
-/* Parks a closed comm that libfabric still references (ep lock held). */
-void fab_comm_park_closed(fab_endpoint* ep, fab_comm* c);
-/* 1 when a parked object (or an entry of ep->comms) is a comm. */
-int fab_parked_is_comm(const fab_parked* p);
-
-
-/* Maps libfabric errors onto result codes: peer loss -> REMOTE, else SYSTEM. */
-fab_result fab_result_from_fi(int fi_err);
+/* Marks the connection failed (sticky); later calls on it return the error.
+ * ep lock held. Does not WARN: the calls that return the error do. Posted
+ * receives stay posted until the comm closes: the comm's owner may be
+ * using its requests in another thread right now. */
+void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);
 
 #endif /* FAB_ENGINE_H */

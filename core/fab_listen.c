@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "fab_conn.h"
+#include "fab_transport.h"
 
 /* --- refusals: best-effort answers that free themselves ------------------- */
 
@@ -24,7 +25,7 @@ static void refusal_destroy(fab_parked* p) {
   free(r);
 }
 
-static void refusal_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+static void refusal_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   refusal* r = op->owner;
   fab_list_del(&r->park.node);
   refusal_destroy(&r->park);
@@ -42,7 +43,8 @@ void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t sta
   r->peer = peer;
   r->park.destroy = refusal_destroy;
   fab_op_init(&r->op, refusal_done, r, 0);
-  fab_wire_accept_encode(&r->msg, status, req->listen_id, req->connector_id, 0);
+  fab_wire_tp tp = {.transport = ep->dev->ops->id}; /* tells a connector on another transport which */
+  fab_wire_accept_encode(&r->msg, status, req->listen_id, req->connector_id, 0, &tp);
   void* desc;
   if (fab_ep_ctrl_reg(ep, &r->msg, sizeof(r->msg), &r->mr, &desc) != 0 ||
       fi_tsend(ep->ep, &r->msg, sizeof(r->msg), desc, peer, fab_tag_accept(&ep->dev->tags, req->connector_id),
@@ -86,7 +88,7 @@ static void ctrl_rx_deliver(fab_endpoint* ep, const fab_wire_connect* raw, size_
   fab_list_push(&l->queue, &q->node);
 }
 
-static void ctrl_rx_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+static void ctrl_rx_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_ctrl_rx* rx = op->owner;
   fab_endpoint* ep = rx->ep;
   if (err && err->err == FI_ECANCELED) return;
@@ -168,7 +170,7 @@ fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_
 
 /* --- accept ----------------------------------------------------------------- */
 
-static void answer_done(fab_op* op, const struct fi_cq_msg_entry* done, const struct fi_cq_err_entry* err) {
+static void answer_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_comm* c = op->owner;
   if (err && err->err != FI_ECANCELED && !c->closing) {
     char why[160];
@@ -181,6 +183,13 @@ static void answer_done(fab_op* op, const struct fi_cq_msg_entry* done, const st
 /* Creates the recv comm for a queued request; NULL after refusing it. */
 static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
   fab_endpoint* ep = l->ep;
+  if (req->tp.transport != ep->dev->ops->id) {
+    const fab_transport_ops* theirs = fab_transport_by_id(req->tp.transport);
+    FAB_WARN("accept: refused a connection running transport %s: this rank runs %s; set the same FABRIC_TRANSPORT "
+             "on every rank", theirs ? theirs->name : "unknown to this build", ep->dev->ops->name);
+    fab_conn_refuse(ep, req, FAB_ACCEPT_TRANSPORT);
+    return NULL;
+  }
   fab_comm* c = fab_comm_alloc(ep, l->dev, FAB_OBJ_RECV, l->owner, NULL);
   if (!c) {
     fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_ADDRESS);
@@ -196,10 +205,21 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
     return NULL;
   }
   fab_ep_peer_name(ep, c->peer, c->peer_name, sizeof(c->peer_name));
-  c->conn_id = fab_conn_id_next(ep);
+  c->conn_id = c->local_id;
+  c->peer_id = req->tp.comm_id;
   c->tag_base = fab_tag_data(c->conn_id, 0);
+  fab_wire_tp tp = {.comm_id = c->local_id, .transport = c->ops->id};
+  if (c->ops->accept_payload) {
+    size_t len = 0;
+    if (c->ops->accept_payload(c, req->tp.data, req->tp.len, tp.data, sizeof(tp.data), &len) != FAB_OK) {
+      fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_PAYLOAD); /* accept_payload WARNed */
+      fab_comm_free(c);
+      return NULL;
+    }
+    tp.len = (uint8_t)len;
+  }
   fab_op_init(&c->answer_op, answer_done, c, 0);
-  fab_wire_accept_encode(&c->answer, FAB_ACCEPT_OK, req->listen_id, req->connector_id, c->conn_id);
+  fab_wire_accept_encode(&c->answer, FAB_ACCEPT_OK, req->listen_id, req->connector_id, c->conn_id, &tp);
   l->accepting_connector = req->connector_id;
   return c;
 }

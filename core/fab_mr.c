@@ -147,7 +147,7 @@ static int fi_backend_reg(void* arg, fab_mr_entry* e) {
   memset(&attr, 0, sizeof(attr));
   attr.mr_iov = &iov;
   attr.iov_count = 1;
-  attr.access = FI_SEND | FI_RECV;
+  attr.access = a->dev->mr_access;
   attr.requested_key = a->dev->prov_key ? 0 : atomic_fetch_add(&dom->next_key, 1);
   attr.iface = FI_HMEM_SYSTEM;
   uint64_t flags = 0;
@@ -169,6 +169,8 @@ static int fi_backend_reg(void* arg, fab_mr_entry* e) {
   int rc = fi_mr_regattr(dom->domain, &attr, flags, &e->mr);
   if (rc != 0) return rc;
   e->desc = fi_mr_desc(e->mr);
+  e->key = fi_mr_key(e->mr);
+  e->access = attr.access;
   return 0;
 }
 
@@ -211,6 +213,7 @@ static fab_result reg_entry(fab_comm* c, fab_mr* m, int fd, uint64_t offset, con
     return FAB_ERR_SYSTEM;
   }
   m->desc = m->entry->desc;
+  m->key = m->entry->key;
   return FAB_OK;
 }
 
@@ -238,6 +241,7 @@ fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint6
   m->type = type;
   m->cuda_dev = -1;
   m->dev = dev;
+  m->key = FI_KEY_NOTAVAIL;
   if (type == FAB_PTR_CUDA) {
     m->cuda_dev = fab_cuda_ptr_device(data);
     if (m->cuda_dev < 0) {
@@ -247,7 +251,7 @@ fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint6
       return FAB_ERR_CUDA;
     }
   }
-  if (fd >= 0 || type == FAB_PTR_CUDA || dev->mr_local) {
+  if (fd >= 0 || type == FAB_PTR_CUDA || dev->reg_host) {
     fab_result rc = reg_entry(c, m, fd, offset, fn);
     if (rc != FAB_OK) {
       free(m);

@@ -4,9 +4,11 @@
  * cache keyed by page-aligned range, so a sub-range of a live registration
  * costs a lookup and a reference (this makes regIsGlobal=1 honest).
  *
- * fi_mr_reg is only called when the provider needs it: FI_MR_LOCAL (every
- * buffer needs a descriptor) or device memory (FI_HMEM). Otherwise the handle
- * still exists, validates, and carries a NULL descriptor.
+ * fi_mr_reg is called when the provider or the transport needs it: FI_MR_LOCAL
+ * (every buffer needs a descriptor), device memory (FI_HMEM), or a transport
+ * whose peers access our memory (dev->reg_host). Each registration asks for
+ * the transport's access flags and keeps its remote key. Otherwise the
+ * handle still exists, validates, and carries a NULL descriptor.
  */
 #ifndef FAB_MR_H
 #define FAB_MR_H
@@ -22,6 +24,8 @@ typedef struct fab_mr_entry {
   int cached; /* 0: private registration (dma-buf), not in the cache */
   struct fid_mr* mr;
   void* desc;
+  uint64_t key;    /* remote key (FI_KEY_NOTAVAIL without a registration) */
+  uint64_t access; /* access flags granted */
 } fab_mr_entry;
 
 typedef struct fab_mr {
@@ -30,6 +34,7 @@ typedef struct fab_mr {
   int type;
   int cuda_dev;
   void* desc; /* what goes to libfabric; NULL when the provider needs none */
+  uint64_t key; /* remote key; FI_KEY_NOTAVAIL when not registered */
   fab_mr_entry* entry;
   fab_device* dev; /* physical device whose domain holds entry */
   void* handle;
@@ -93,6 +98,12 @@ static inline __attribute__((always_inline)) fab_result fab_mr_resolve(fab_comm*
     return *out = NULL, fab_mr_resolve_fail(c, mhandle, data, size, fn);
   *out = m;
   return FAB_OK;
+}
+
+/* The address a peer uses to reach addr inside m's registration: the
+ * virtual address, or its offset in the registration (no FI_MR_VIRT_ADDR). */
+static inline uint64_t fab_mr_remote_addr(const fab_mr* m, const void* addr) {
+  return m->dev->virt_addr ? (uint64_t)(uintptr_t)addr : (uint64_t)((uintptr_t)addr - m->entry->base);
 }
 
 /* Domain teardown: drops every handle still registered on dom's device. */

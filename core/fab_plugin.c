@@ -18,6 +18,7 @@
 #include "fab_conn.h"
 #include "fab_cuda.h"
 #include "fab_engine.h"
+#include "fab_transport.h"
 
 fab_engine fab_g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -37,7 +38,9 @@ static fab_result engine_up(void) {
   char bad[512];
   if (fab_params_load(&fab_g.params, bad, sizeof(bad)) != 0) FAB_WARN("ignored bad parameter values: %s", bad);
   fab_g.cuda_ok = fab_cuda_init();
-  fab_result rc = fab_devices_discover();
+  const fab_transport_ops* cands[4];
+  int ncands = fab_transport_candidates(cands, 4);
+  fab_result rc = fab_devices_discover(cands, ncands);
   if (rc != FAB_OK) {
     fab_devices_release();
     fab_cuda_fini();
@@ -153,60 +156,6 @@ __attribute__((destructor)) static void fab_unload(void) {
   if (fab_g.up) engine_down();
   pthread_mutex_unlock(&fab_g.lock);
   fab_pool_release_spares();
-}
-
-/* --- lookups used by the other entry points --------------------------------- */
-
-fab_ctx* fab_ctx_resolve(fab_ctx* handle, const char* fn) {
-  pthread_mutex_lock(&fab_g.lock);
-  fab_ctx* ctx = handle ? fab_obj_get(handle, FAB_OBJ_CTX) : fab_g.process;
-  pthread_mutex_unlock(&fab_g.lock);
-  if (!ctx) {
-    FAB_WARN("%s: %s", fn, handle ? "unknown or finalized context" : "no process context: call init first");
-  }
-  return ctx;
-}
-
-fab_device* fab_device_get(int dev, const char* fn) {
-  int n = atomic_load(&fab_g.ndevs);
-  if (!fab_g.up || n == 0) {
-    FAB_WARN("%s: the plugin is not initialized (call init first)", fn);
-    return NULL;
-  }
-  if (dev < 0 || dev >= n) {
-    fab_bad_argument(fn, "dev", dev, n == 1 ? "0 (one device)" : "a device index below devices()");
-    return NULL;
-  }
-  return fab_g.devs[dev];
-}
-
-static fab_result endpoint_get(fab_device* dev, fab_endpoint** out) {
-  int idx = dev->carrier;
-  fab_endpoint* ep = atomic_load_explicit(&fab_g.eps[idx], memory_order_acquire);
-  if (FAB_LIKELY(ep != NULL)) {
-    *out = ep;
-    return FAB_OK;
-  }
-  pthread_mutex_lock(&fab_g.lock);
-  fab_result rc = FAB_OK;
-  ep = atomic_load(&fab_g.eps[idx]);
-  if (!ep) {
-    fab_device* phys = fab_g.devs[idx];
-    rc = fab_domain_open(phys);
-    if (rc == FAB_OK) rc = fab_endpoint_create(phys, &ep);
-    if (rc == FAB_OK) atomic_store_explicit(&fab_g.eps[idx], ep, memory_order_release);
-  }
-  pthread_mutex_unlock(&fab_g.lock);
-  *out = ep;
-  return rc;
-}
-
-fab_result fab_ctx_endpoint(fab_ctx* handle, int dev, const char* fn, fab_ctx** ctx, fab_device** d,
-                            fab_endpoint** ep) {
-  *ctx = fab_ctx_resolve(handle, fn);
-  *d = *ctx ? fab_device_get(dev, fn) : NULL;
-  if (!*d) return FAB_ERR_INTERNAL;
-  return endpoint_get(*d, ep);
 }
 
 /* --- devices -------------------------------------------------------------------- */

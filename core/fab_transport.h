@@ -1,41 +1,89 @@
 /*
  * The transport interface: how data moves once a connection exists. The core
- * owns devices, endpoints, the handshake, memory registration and comm
- * lifetime; a transport owns the data operations. A device's transport is
- * chosen at discovery from the provider's capability bits (never its name).
+ * owns devices, endpoints, the handshake, memory registration, the request
+ * lifecycle and comm lifetime; a transport owns its data operations, its
+ * share of the handshake, and private areas in its comms and requests.
+ *
+ * A transport declares what it needs from a provider (fab_transport_needs);
+ * discovery asks libfabric for exactly that and gives each device the first
+ * transport, in order of preference and as FABRIC_TRANSPORT allows, that its
+ * provider entry can run. The choice is carried in the handshake: both ends
+ * of a connection must run the same transport.
  *
  * The core validates every argument before calling a transport: comms are
  * live and of the right kind, n is in range, sizes fit max_bytes, memory
- * handles are resolved to descriptors. Transports see only valid input.
+ * handles are resolved. Transports see only valid input.
  */
 #ifndef FAB_TRANSPORT_H
 #define FAB_TRANSPORT_H
 
 #include "fab_engine.h"
 #include "fab_mr.h"
+#include "fab_req.h"
+
+enum { FAB_TRANSPORT_SENDRECV = 1, FAB_TRANSPORT_RDMA = 2 }; /* ids on the wire */
+
+typedef struct fab_transport_needs {
+  uint64_t caps;         /* capability bits asked of fi_getinfo (primary caps) */
+  uint64_t msg_order;    /* ordering bits asked of tx and rx */
+  uint64_t mr_access;    /* access flags of every registration */
+  size_t cq_data_size;   /* bytes of remote CQ data it sends (0: none) */
+  size_t mr_key_size;    /* largest remote key it can carry (0: no remote keys) */
+  int tagged;            /* needs enough tag bits for fab_tag_layout */
+  int reg_host;          /* host memory must be registered (remote access) */
+} fab_transport_needs;
 
 struct fab_transport_ops {
   const char* name;
-  /* capability bits the transport needs in addition to the discovery hints */
-  uint64_t extra_caps;
-  uint32_t send_reqs, recv_reqs; /* pool size per comm */
-  uint32_t send_subs, recv_subs; /* sub-operations per request */
+  uint8_t id; /* FAB_TRANSPORT_* */
+  fab_transport_needs needs;
+  uint32_t send_reqs, recv_reqs;         /* pool size per comm */
+  size_t send_req_size, recv_req_size;   /* transport area per request */
+  size_t comm_size;                      /* transport area per comm */
 
-  /* Once per pooled request, when a comm is created. */
-  void (*init_req)(fab_comm* c, fab_req* r, uint32_t nsubs);
-  fab_result (*isend)(fab_comm* c, void* data, size_t size, int tag, void* desc, void** request);
-  fab_result (*irecv)(fab_comm* c, int n, void** data, const size_t* sizes, const int* tags, void** descs,
+  /* Comm lifetime: init once the comm has its endpoint (before the
+   * handshake payloads), fini when it is freed (libfabric no longer
+   * references anything of it). Both optional. */
+  fab_result (*comm_init)(fab_comm* c);
+  void (*comm_fini)(fab_comm* c);
+  /* Once per pooled request, the first time it is used. */
+  void (*init_req)(fab_comm* c, fab_req* r);
+
+  /* Handshake (all optional; ep lock held). The connector's payload goes in
+   * the connect request; the listener reads it (validating every byte) and
+   * writes its answer's payload; the connector reads that. */
+  size_t (*connect_payload)(fab_comm* send, void* buf, size_t cap);
+  fab_result (*accept_payload)(fab_comm* recv, const void* in, size_t in_len, void* out, size_t cap,
+                               size_t* out_len);
+  fab_result (*connected)(fab_comm* send, const void* in, size_t in_len);
+
+  /* Data. */
+  fab_result (*isend)(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, void** request);
+  fab_result (*irecv)(fab_comm* c, int n, void** data, const size_t* sizes, const int* tags, fab_mr** mrs,
                       void** request);
   /* mrs[i] may be NULL (host memory). */
   fab_result (*iflush)(fab_comm* c, int n, void** data, const int* sizes, fab_mr** mrs, void** request);
-  fab_result (*test)(fab_req* r, int* done, int* sizes);
+  /* Drives completions for r (pending). */
+  void (*progress)(fab_comm* c, fab_req* r);
+  /* Writes the sizes test reports for a completed r (r->n entries). */
+  void (*sizes)(fab_req* r, int* sizes);
+  /* The comm failed while r is pending: give up what is not posted yet.
+   * Optional. */
+  void (*give_up)(fab_req* r);
   /* Close: stop what can be stopped (cancel posted receives). ep lock held. */
   void (*cancel)(fab_comm* c);
+  /* A completion with remote CQ data and no operation of ours (a peer's
+   * fi_writedata landed). Data path: called without the lock. Optional. */
+  void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);
 };
 
-/* The transport for a provider entry, or NULL when none can run on it. */
-const fab_transport_ops* fab_transport_select(const struct fi_info* info);
+/* Candidate transports in order of preference, as FABRIC_TRANSPORT allows.
+ * Returns how many. */
+int fab_transport_candidates(const fab_transport_ops** out, int cap);
+/* The transport named on the wire, or NULL. */
+const fab_transport_ops* fab_transport_by_id(unsigned id);
 
 extern const fab_transport_ops fab_sendrecv_ops;
+extern const fab_transport_ops fab_rdma_ops;
 
 #endif /* FAB_TRANSPORT_H */

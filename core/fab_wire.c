@@ -65,7 +65,7 @@ int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, siz
 }
 
 void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t connector_id, const void* addr,
-                             size_t addr_len) {
+                             size_t addr_len, const fab_wire_tp* tp) {
   memset(m, 0, sizeof(*m));
   m->magic = FAB_CONNECT_MAGIC;
   m->version = FAB_WIRE_VERSION;
@@ -73,6 +73,7 @@ void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t c
   m->listen_id = listen_id;
   m->connector_id = connector_id;
   memcpy(m->addr, addr, m->addr_len);
+  m->tp = *tp;
   SEAL(m);
 }
 
@@ -95,12 +96,16 @@ int fab_wire_connect_decode(const void* buf, size_t len, fab_wire_connect* out, 
     WHY("connect request address length %u", m.addr_len);
     return -1;
   }
+  if (m.tp.len > FAB_TP_MAX) {
+    WHY("connect request transport data of %u bytes (at most %d)", m.tp.len, FAB_TP_MAX);
+    return -1;
+  }
   *out = m;
   return 0;
 }
 
 void fab_wire_accept_encode(fab_wire_accept* m, uint16_t status, uint64_t listen_id, uint32_t connector_id,
-                            uint32_t conn_id) {
+                            uint32_t conn_id, const fab_wire_tp* tp) {
   memset(m, 0, sizeof(*m));
   m->magic = FAB_ACCEPT_MAGIC;
   m->version = FAB_WIRE_VERSION;
@@ -108,6 +113,7 @@ void fab_wire_accept_encode(fab_wire_accept* m, uint16_t status, uint64_t listen
   m->listen_id = listen_id;
   m->connector_id = connector_id;
   m->conn_id = conn_id;
+  if (tp) m->tp = *tp;
   SEAL(m);
 }
 
@@ -130,6 +136,10 @@ int fab_wire_accept_decode(const void* buf, size_t len, fab_wire_accept* out, ch
     WHY("answer assigns connection id 0");
     return -1;
   }
+  if (m.tp.len > FAB_TP_MAX) {
+    WHY("answer with transport data of %u bytes (at most %d)", m.tp.len, FAB_TP_MAX);
+    return -1;
+  }
   *out = m;
   return 0;
 }
@@ -139,6 +149,9 @@ const char* fab_wire_status_str(unsigned status) {
     case FAB_ACCEPT_OK: return "accepted";
     case FAB_ACCEPT_NO_LISTENER: return "no such listener (closed, or the handle belongs to another process)";
     case FAB_ACCEPT_BAD_ADDRESS: return "the listener could not use the connector's address";
+    case FAB_ACCEPT_TRANSPORT:
+      return "the listener runs another transport; set the same FABRIC_TRANSPORT (and provider) on every rank";
+    case FAB_ACCEPT_BAD_PAYLOAD: return "the listener's transport refused this connection's data (see its log)";
     default: return "unknown status";
   }
 }

@@ -16,7 +16,7 @@
 #include "fab_core.h"
 
 enum {
-  FAB_WIRE_VERSION = 2, /* 2: connect requests and probes untagged */
+  FAB_WIRE_VERSION = 3, /* 2: connect requests and probes untagged; 3: transport id and payload */
   FAB_ADDR_MAX = 104, /* endpoint address bytes that fit in the handle */
 };
 
@@ -35,6 +35,18 @@ typedef struct fab_wire_handle {
   uint8_t addr[FAB_ADDR_MAX];
 } fab_wire_handle;
 
+/* The transport's share of a handshake message: which transport the sender
+ * runs, the sender's comm id on its endpoint, and up to FAB_TP_MAX bytes the
+ * transport defines (and validates). */
+enum { FAB_TP_MAX = 48 };
+typedef struct fab_wire_tp {
+  uint32_t comm_id;
+  uint8_t transport;
+  uint8_t len;
+  uint16_t reserved;
+  uint8_t data[FAB_TP_MAX];
+} fab_wire_tp;
+
 /* Connect request, connector -> listener: an untagged message (see tags). */
 typedef struct fab_wire_connect {
   uint32_t magic;
@@ -44,9 +56,16 @@ typedef struct fab_wire_connect {
   uint32_t connector_id; /* where the answer goes: tag fab_tag_accept(connector_id) */
   uint32_t checksum;
   uint8_t addr[FAB_ADDR_MAX]; /* the connector's endpoint address */
+  fab_wire_tp tp;
 } fab_wire_connect;
 
-enum { FAB_ACCEPT_OK = 0, FAB_ACCEPT_NO_LISTENER = 1, FAB_ACCEPT_BAD_ADDRESS = 2 };
+enum {
+  FAB_ACCEPT_OK = 0,
+  FAB_ACCEPT_NO_LISTENER = 1,
+  FAB_ACCEPT_BAD_ADDRESS = 2,
+  FAB_ACCEPT_TRANSPORT = 3,   /* the listener runs another transport */
+  FAB_ACCEPT_BAD_PAYLOAD = 4, /* the listener's transport refused the connector's data */
+};
 
 /* Answer, listener -> connector. */
 typedef struct fab_wire_accept {
@@ -58,11 +77,13 @@ typedef struct fab_wire_accept {
   uint32_t conn_id; /* receiver-assigned connection id: the tag prefix of the data */
   uint32_t checksum;
   uint32_t reserved;
+  fab_wire_tp tp;
 } fab_wire_accept;
 
 _Static_assert(sizeof(fab_wire_handle) == FAB_HANDLE_SIZE, "handle must be exactly 128 bytes");
-_Static_assert(sizeof(fab_wire_connect) == 128, "connect message layout");
-_Static_assert(sizeof(fab_wire_accept) == 32, "accept message layout");
+_Static_assert(sizeof(fab_wire_tp) == 56, "transport payload layout");
+_Static_assert(sizeof(fab_wire_connect) == 184, "connect message layout");
+_Static_assert(sizeof(fab_wire_accept) == 88, "accept message layout");
 
 /* Writes a handle. Returns -1 when addr_len does not fit. */
 int fab_wire_handle_encode(void* buf, uint64_t listen_id, uint32_t prov_hash, const void* addr, size_t addr_len);
@@ -71,11 +92,12 @@ int fab_wire_handle_encode(void* buf, uint64_t listen_id, uint32_t prov_hash, co
 int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, size_t why_len);
 
 void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t connector_id, const void* addr,
-                             size_t addr_len);
+                             size_t addr_len, const fab_wire_tp* tp);
 int fab_wire_connect_decode(const void* buf, size_t len, fab_wire_connect* out, char* why, size_t why_len);
 
+/* tp may be NULL (a refusal). */
 void fab_wire_accept_encode(fab_wire_accept* m, uint16_t status, uint64_t listen_id, uint32_t connector_id,
-                            uint32_t conn_id);
+                            uint32_t conn_id, const fab_wire_tp* tp);
 int fab_wire_accept_decode(const void* buf, size_t len, fab_wire_accept* out, char* why, size_t why_len);
 
 const char* fab_wire_status_str(unsigned status);

@@ -19,6 +19,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->cq_read_count = 16;
   params->peer_timeout_ms = 30000;
   params->local_send_endpoints = 16;
+  snprintf(params->transport, sizeof params->transport, "%s", "auto");
 }
 
 /* Appends one complaint to errbuf, "; "-separated, never overflowing. */
@@ -148,6 +149,15 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->local_send_endpoints = (int)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_TRANSPORT")) != NULL) {
+    if (strlen(s) >= sizeof params->transport) {
+      complain(errbuf, errbuf_size, "FABRIC_TRANSPORT is longer than %d bytes; using the default", FAB_PARAM_STRING_MAX - 1);
+      bad++;
+    } else {
+      memcpy(params->transport, s, strlen(s) + 1);
     }
   }
   return bad;

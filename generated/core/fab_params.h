@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 6
+#define FAB_PARAM_COUNT 7
 
 typedef struct fab_params fab_params;
 
@@ -31,6 +31,8 @@ struct fab_params {
   int peer_timeout_ms;
   /* FABRIC_LOCAL_SEND_ENDPOINTS: On intra-host providers (no FI_REMOTE_COMM, i.e. shm): how many send comms per device (all contexts together) may have an endpoint of their own at a time. The first send comm to a peer uses the device's endpoint; a further one to the same peer gets its own, so that one comm's large send whose receive is not posted yet cannot hold up another comm's sends (shm orders an endpoint's sends per peer). Beyond this many, send comms share the device's endpoint. shm maps at most 256 peer endpoints per endpoint, so with many local processes connecting to each other keep (processes - 1) x (this + 1) under 256. */
   int local_send_endpoints;
+  /* FABRIC_TRANSPORT: How NCCL messages move: `rdma` (the receiver announces each buffer and the sender writes into it with RMA; needs FI_RMA and remote CQ data), `sendrecv` (tagged messages; any RDM provider), or `auto` (rdma where the provider offers what it needs, else sendrecv). Both ends of a connection must use the same transport: a mismatch is refused at connect with a WARN. */
+  char transport[FAB_PARAM_STRING_MAX];
 };
 
 /* Fills *params with every default. */

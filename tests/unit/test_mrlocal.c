@@ -32,6 +32,7 @@ static void run(const char* prov) {
   fab_ctx* ctx;
   cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
   fab_g.devs[0]->mr_local = 1;
+  fab_g.devs[0]->reg_host = 1; /* what discovery derives from FI_MR_LOCAL */
   void *s, *r, *l;
   loopback(ctx, &s, &r, &l);
   enum { LEN = 1 << 20 };

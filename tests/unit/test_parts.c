@@ -142,22 +142,35 @@ Test(wire, connect_and_accept_messages) {
   fab_wire_connect c, cd;
   unsigned char addr[24] = {9, 8, 7};
   char why[160];
-  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr));
+  fab_wire_tp tp = {.comm_id = 42, .transport = 2, .len = 3, .data = {1, 2, 3}};
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp);
   cr_assert_eq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(cd.tp.comm_id, 42);
+  cr_assert_eq(cd.tp.transport, 2);
+  cr_assert_eq(cd.tp.len, 3);
+  cr_assert_eq(cd.tp.data[2], 3);
   cr_assert_eq(cd.listen_id, 77);
   cr_assert_eq(cd.connector_id, 5);
   cr_assert_eq(cd.addr_len, 24);
   cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c) - 1, &cd, why, sizeof(why)), 0, "short message");
   ((unsigned char*)&c)[40] ^= 4;
   cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "corrupted message");
+  tp.len = FAB_TP_MAX + 1; /* a sealed message whose payload length overruns its buffer */
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp);
+  cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "payload length out of range");
+  tp.len = 3;
 
   fab_wire_accept a, ad;
-  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 123);
+  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 123, &tp);
   cr_assert_eq(fab_wire_accept_decode(&a, sizeof(a), &ad, why, sizeof(why)), 0, "%s", why);
   cr_assert_eq(ad.conn_id, 123);
-  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 0);
+  cr_assert_eq(ad.tp.comm_id, 42);
+  tp.len = FAB_TP_MAX + 1;
+  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 123, &tp);
+  cr_assert_neq(fab_wire_accept_decode(&a, sizeof(a), &ad, why, sizeof(why)), 0, "payload length out of range");
+  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 0, NULL);
   cr_assert_neq(fab_wire_accept_decode(&a, sizeof(a), &ad, why, sizeof(why)), 0, "connection id 0 is invalid");
-  fab_wire_accept_encode(&a, FAB_ACCEPT_NO_LISTENER, 77, 5, 0);
+  fab_wire_accept_encode(&a, FAB_ACCEPT_NO_LISTENER, 77, 5, 0, NULL);
   cr_assert_eq(fab_wire_accept_decode(&a, sizeof(a), &ad, why, sizeof(why)), 0, "a refusal carries no id");
   cr_assert_neq(fab_wire_accept_decode(&a, 0, &ad, why, sizeof(why)), 0);
 }

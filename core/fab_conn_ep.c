@@ -1,0 +1,37 @@
+/*
+ * Endpoints as the connection layer uses them: created with its hooks (sweep
+ * closed comms, free its objects at teardown) and with the control receives
+ * posted. The provider layer calls back only through the hooks.
+ */
+#include "fab_conn.h"
+
+/* After fi_close(ep): nothing can complete any more; free everything. */
+static void endpoint_teardown(fab_endpoint* ep) {
+  fab_listen_teardown(ep);
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
+    fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
+    fab_list_del(&pc->park.node);
+    pc->park.destroy(&pc->park);
+  }
+  fab_comm_endpoint_teardown(ep);
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->parked) {
+    fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
+    fab_list_del(&p->node);
+    p->destroy(p);
+  }
+}
+
+static const fab_ep_hooks conn_hooks = {.sweep = fab_comm_sweep_closed, .teardown = endpoint_teardown};
+
+fab_result fab_conn_endpoint_create(fab_device* dev, fab_endpoint** out) {
+  fab_endpoint* ep;
+  fab_result rc = fab_endpoint_create(dev, &conn_hooks, &ep);
+  if (rc != FAB_OK) return rc;
+  rc = fab_ctrl_rx_setup(ep); /* WARNs */
+  if (rc != FAB_OK) {
+    fab_endpoint_destroy(ep); /* the teardown hook frees the control receives */
+    return rc;
+  }
+  *out = ep;
+  return FAB_OK;
+}

@@ -1,0 +1,163 @@
+/* The request lifecycle and peer liveness, shared by every transport. */
+#include "fab_req.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_transport.h"
+
+void fab_req_first_use(fab_comm* c, fab_req* r) {
+  uint32_t idx = (uint32_t)(((char*)r - c->reqs.base) / c->reqs.stride);
+  r->pool_index = idx;
+  r->magic = FAB_REQ_MAGIC;
+  r->state = FAB_REQ_FREE;
+  r->comm = c;
+  if (c->ops->init_req) c->ops->init_req(c, r);
+  /* Published last (release): a close-time scan reads [0, used). The pool's
+   * owner is the only writer. */
+  if (idx >= atomic_load_explicit(&c->reqs.used, memory_order_relaxed))
+    atomic_store_explicit(&c->reqs.used, idx + 1, memory_order_release);
+}
+
+static const char* dir_word(const fab_req* r) { return r->type == FAB_REQ_SEND ? "send" : "receive"; }
+static const char* peer_word(const fab_req* r) { return r->type == FAB_REQ_SEND ? "to" : "from"; }
+
+size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_err_entry* err) {
+  fab_comm* c = r->comm;
+  if (c->closing || r->result != FAB_OK) {
+    if (r->result == FAB_OK) r->result = FAB_ERR_SYSTEM;
+    return 0;
+  }
+  char msg[512];
+  size_t got = 0;
+  if (err->err == FI_ECANCELED) {
+    /* cancelled because the connection failed (fab_comm_fail) */
+    r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
+    snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s cancelled: %s", dir_word(r), size, tag,
+             peer_word(r), c->peer_name, c->error != FAB_OK ? c->error_why : "the operation was cancelled");
+  } else if (err->err == FI_ETRUNC) {
+    r->result = FAB_ERR_INVALID_USAGE;
+    /* olen (the bytes that did not fit) is 0 when the provider does not know it */
+    char excess[64] = "";
+    if (err->olen) snprintf(excess, sizeof(excess), " (%zu bytes more than the buffer holds)", err->olen);
+    snprintf(msg, sizeof(msg),
+             "receive of %zu bytes (tag %d) from %s was truncated: the peer sent a larger message%s; a send must "
+             "not be larger than its receive",
+             size, tag, c->peer_name, excess);
+    got = err->len;
+  } else {
+    char prov[192];
+    fi_cq_strerror(c->ep->cq, err->prov_errno, err->err_data, prov, sizeof(prov));
+    r->result = fab_result_from_fi(err->err);
+    snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s failed: %s (provider: %s)%s", dir_word(r), size, tag,
+             peer_word(r), c->peer_name, fi_strerror(err->err), prov,
+             r->result == FAB_ERR_REMOTE ? "; the peer process probably exited or lost its network" : "");
+  }
+  r->errmsg = strdup(msg);
+  return got;
+}
+
+/* The comm failed with r still pending: report the failure now and leave r
+ * to its outstanding completions: it stays out of the pool until the comm
+ * is freed (the failure is final, the comm can only be closed). 1 when r
+ * turned out to be complete after all. */
+static int orphan(fab_req* r) {
+  fab_comm* c = r->comm;
+  if (c->ops->give_up) c->ops->give_up(r);
+  if (atomic_load_explicit(&r->pending, memory_order_acquire) == 0) return 1;
+  r->state = FAB_REQ_ORPHAN;
+  return 0;
+}
+
+static fab_result still_pending(fab_req* r, int* done) {
+  fab_comm* c = r->comm;
+  fab_comm_stalled(c);
+  fab_result rc = c->error != FAB_OK ? c->error : c->ep->failed;
+  if (FAB_LIKELY(rc == FAB_OK) || orphan(r)) {
+    *done = 0;
+    return FAB_OK;
+  }
+  *done = 1;
+  FAB_WARN("%s of %zu bytes (tag %d) %s %s failed: %s", dir_word(r), r->size, r->tag, peer_word(r), c->peer_name,
+           c->error != FAB_OK ? c->error_why : "the endpoint's completion queue failed");
+  return rc;
+}
+
+fab_result fab_req_test(fab_req* r, int* done, int* sizes) {
+  fab_comm* c = r->comm;
+  if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
+    c->ops->progress(c, r);
+    if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
+      fab_result rc = still_pending(r, done);
+      if (*done || rc != FAB_OK) return rc;
+      if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) return FAB_OK;
+    }
+  }
+  *done = 1;
+  if (sizes) c->ops->sizes(r, sizes);
+  fab_result rc = r->result;
+  if (FAB_UNLIKELY(rc != FAB_OK)) FAB_WARN("%s", r->errmsg ? r->errmsg : "request failed");
+  fab_req_put(r);
+  return rc;
+}
+
+/* --- liveness ----------------------------------------------------------------- */
+
+void fab_comm_fail(fab_comm* c, fab_result rc, const char* why) {
+  if (c->error != FAB_OK) return;
+  snprintf(c->error_why, sizeof(c->error_why), "%s", why);
+  c->error = rc;
+}
+
+/* A closed comm waiting only for its probe is freed by the next sweep of
+ * its endpoint. */
+void fab_comm_probe_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  (void)done;
+  fab_comm* c = op->owner;
+  c->probe_posted = 0;
+  if (err && err->err != FI_ECANCELED && !c->closing) {
+    char why[160];
+    snprintf(why, sizeof(why), "a liveness probe to the peer failed (%s)", fi_strerror(err->err));
+    fab_comm_fail(c, fab_result_from_fi(err->err), why);
+  }
+  fab_comm_count_completion(c);
+  atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
+}
+
+/* Liveness: any completion of the comm's operations counts as a sign of life.
+ * When none came since the last check, a zero-byte message to the peer's
+ * control receive is posted (at most one per FAB_PROBE_INTERVAL_MS): its send
+ * completion proves the connection still delivers, whether or not the peer's
+ * application is progressing. tcp;ofi_rxm never completes operations to a
+ * peer whose process died (it retries the refused connection forever), so
+ * this is how such a death becomes an error instead of a hang. */
+void fab_comm_check_peer(fab_comm* c) {
+  int timeout = fab_g.params.peer_timeout_ms;
+  if (timeout <= 0 || c->error != FAB_OK || c->peer_in_process) return;
+  fab_endpoint* ep = c->ep;
+  pthread_mutex_lock(&ep->lock);
+  int64_t now = fab_now_ms();
+  uint64_t ncompl = atomic_load_explicit(&c->ncompl, memory_order_relaxed);
+  if (ncompl != c->ncompl_seen) {
+    c->ncompl_seen = ncompl;
+    c->stall_since_ms = 0;
+  } else if (c->stall_since_ms == 0) {
+    c->stall_since_ms = now;
+  } else if (now - c->stall_since_ms > timeout) {
+    char why[160];
+    snprintf(why, sizeof(why), "no sign of life from the peer for %lld ms (FABRIC_PEER_TIMEOUT_MS=%d)",
+             (long long)(now - c->stall_since_ms), timeout);
+    fab_comm_fail(c, FAB_ERR_REMOTE, why);
+  }
+  if (c->error == FAB_OK && c->stall_since_ms && !c->probe_posted &&
+      now - c->last_probe_ms >= FAB_PROBE_INTERVAL_MS) {
+    c->last_probe_ms = now;
+    atomic_fetch_add(&c->inflight, 1);
+    if (fi_send(ep->ep, NULL, 0, NULL, c->peer, &c->probe_op.ctx) == 0)
+      c->probe_posted = 1;
+    else
+      atomic_fetch_sub(&c->inflight, 1);
+  }
+  pthread_mutex_unlock(&ep->lock);
+}

@@ -1,0 +1,85 @@
+/*
+ * The request lifecycle, written once for every transport: a comm's pooled
+ * requests are handed out (fab_req_get), completed operation by operation
+ * (fab_req_op_done / fab_req_op_failed), tested (fab_req_test, behind the
+ * API's test) and returned (fab_req_put). A transport fills in only what is
+ * its own: how to post, how to progress, which sizes to report.
+ *
+ * Peer liveness also lives here: a request that stays pending lets
+ * fab_comm_stalled look for signs of life from the peer.
+ */
+#ifndef FAB_REQ_H
+#define FAB_REQ_H
+
+#include <stdlib.h>
+
+#include "fab_engine.h"
+
+/* Initialises a pooled request the first time it is handed out. */
+void fab_req_first_use(fab_comm* c, fab_req* r);
+
+/* A request of c for n buffers with npending operations, or NULL when all
+ * are in flight (the caller returns a NULL request: NCCL retries). */
+static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npending) {
+  fab_req* r = fab_pool_get(&c->reqs);
+  if (FAB_UNLIKELY(!r)) return NULL;
+  if (FAB_UNLIKELY(r->magic != FAB_REQ_MAGIC)) fab_req_first_use(c, r);
+  r->state = FAB_REQ_ACTIVE;
+  r->type = type;
+  r->n = (uint8_t)n;
+  r->result = FAB_OK;
+  atomic_store_explicit(&r->pending, npending, memory_order_relaxed);
+  return r;
+}
+
+static inline void fab_req_put(fab_req* r) {
+  r->state = FAB_REQ_FREE;
+  if (FAB_UNLIKELY(r->errmsg != NULL)) {
+    free(r->errmsg);
+    r->errmsg = NULL;
+  }
+  fab_pool_put_index(&r->comm->reqs, r->pool_index);
+}
+
+/* One operation of r completed (successfully, or after fab_req_op_failed).
+ * The last write of a completion: at 0 the owner may reuse r, and a closed
+ * comm may be freed. shared: other operations of r may complete in other
+ * threads at the same time (an atomic decrement); otherwise a store. */
+static inline void fab_req_op_done(fab_req* r, int shared) {
+  fab_comm_count_completion(r->comm);
+  if (FAB_LIKELY(!shared))
+    atomic_store_explicit(&r->pending, 0, memory_order_release);
+  else
+    atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel);
+}
+
+/* Records a failed operation of r on its buffer of size bytes with NCCL tag
+ * tag: the result code and the message test will WARN. Returns the bytes
+ * the provider reports as received (truncation). ep lock held. */
+size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_err_entry* err);
+
+/* The API's test, for every transport. */
+fab_result fab_req_test(fab_req* r, int* done, int* sizes);
+
+/* Liveness: a transport's progress calls this while a request of c stays
+ * pending: after FAB_STALL_POLLS polls it looks for signs of life from the
+ * peer, probes it, and fails the comm after FABRIC_PEER_TIMEOUT_MS without
+ * any. */
+enum { FAB_STALL_POLLS = 256, FAB_PROBE_INTERVAL_MS = 1000 };
+void fab_comm_check_peer(fab_comm* c);
+static inline void fab_comm_stalled(fab_comm* c) {
+  /* A load and a store, not an atomic add: this runs on every poll that
+   * finds its request pending, and a lost count between racing threads only
+   * delays the check a little. */
+  uint32_t polls = atomic_load_explicit(&c->stall_polls, memory_order_relaxed) + 1;
+  atomic_store_explicit(&c->stall_polls, polls, memory_order_relaxed);
+  if (FAB_UNLIKELY(polls >= FAB_STALL_POLLS)) {
+    atomic_store_explicit(&c->stall_polls, 0, memory_order_relaxed);
+    fab_comm_check_peer(c);
+  }
+}
+
+/* The probe's completion handler (the comm's probe_op). */
+void fab_comm_probe_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
+
+#endif /* FAB_REQ_H */
