@@ -75,6 +75,7 @@ static const char* reject_reason(const struct fi_info* fi, const fab_transport_o
   if ((fi->caps & caps) != caps) return "lacks capabilities the transport needs";
   if (fi->domain_attr->cq_data_size < t->needs.cq_data_size) return "too little remote CQ data";
   if (t->needs.mr_key_size && fi->domain_attr->mr_key_size > t->needs.mr_key_size) return "remote keys too long";
+  if (fi->tx_attr->inject_size < t->needs.min_inject) return "inject size too small for the transport";
   if (fi->domain_attr->mr_mode & FI_MR_ENDPOINT) return "needs FI_MR_ENDPOINT";
   if (fi->ep_attr->max_msg_size == 0) return "max_msg_size 0";
   return NULL;

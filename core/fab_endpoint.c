@@ -189,8 +189,10 @@ static fab_result read_error(fab_endpoint* ep) {
   return FAB_OK;
 }
 
-/* A completion without an operation of ours: a peer's write with remote CQ
- * data (the transport knows what it means), or nothing we asked for. */
+/* A completion that is not an operation of ours: a peer's write with remote
+ * CQ data (the transport knows what it means; its op_context is undefined:
+ * shm leaves garbage there, so FI_REMOTE_WRITE decides), or nothing we asked
+ * for. Runs with the endpoint lock held. */
 static __attribute__((noinline)) void dispatch_remote(fab_endpoint* ep, const fab_cqe* e) {
   if ((e->flags & FI_REMOTE_CQ_DATA) && ep->dev->remote_data) ep->dev->remote_data(ep, e);
 }
@@ -200,7 +202,7 @@ static fab_result dispatch_locked(fab_endpoint* ep, const fab_cqe* e, ssize_t n)
   if (n > 0) {
     for (ssize_t i = 0; i < n; i++) {
       fab_op* op = e[i].op_context;
-      if (FAB_LIKELY(op != NULL)) op->fn(op, &e[i], NULL);
+      if (FAB_LIKELY(op != NULL && !(e[i].flags & FI_REMOTE_WRITE))) op->fn(op, &e[i], NULL);
       else dispatch_remote(ep, &e[i]);
     }
     return FAB_OK;
@@ -226,7 +228,10 @@ static void dispatch_unlocked(fab_endpoint* ep, const fab_cqe* e, ssize_t n) {
   int locked = 0;
   for (ssize_t i = 0; i < n; i++) {
     fab_op* op = e[i].op_context;
-    if (FAB_UNLIKELY(op == NULL)) {
+    if (FAB_UNLIKELY(op == NULL || (e[i].flags & FI_REMOTE_WRITE))) {
+      /* under the lock: a comm named by the data is freed only under it */
+      if (!locked) pthread_mutex_lock(&ep->lock);
+      locked = 1;
       dispatch_remote(ep, &e[i]);
       continue;
     }

@@ -346,3 +346,19 @@ void fab_mr_domain_close(fab_device* dev) {
   fab_mr_cache_destroy(cache, fi_backend_close, NULL);
   dev->dom->mr_cache = NULL;
 }
+
+fab_result fab_mr_iflush(fab_comm* c, int n, void** data, const int* sizes, fab_mr** mrs, void** request) {
+  (void)data;
+  *request = NULL; /* flushes complete before returning */
+  int need = 0;
+  for (int i = 0; i < n; i++) need |= mrs[i] && mrs[i]->type == FAB_PTR_CUDA && sizes[i] > 0;
+  if (FAB_LIKELY(!need)) return FAB_OK;
+  const char* what;
+  int rc = fab_cuda_flush(&what);
+  if (rc != 0) {
+    FAB_WARN("iflush after a receive from %s: %s failed (CUresult %d); the received GPU data may not be visible",
+             c->peer_name, what, rc);
+    return FAB_ERR_CUDA;
+  }
+  return FAB_OK;
+}

@@ -106,6 +106,11 @@ static inline uint64_t fab_mr_remote_addr(const fab_mr* m, const void* addr) {
   return m->dev->virt_addr ? (uint64_t)(uintptr_t)addr : (uint64_t)((uintptr_t)addr - m->entry->base);
 }
 
+/* iflush for any transport: nothing for host memory (the receive's
+ * completion already made it visible); cuFlushGPUDirectRDMAWrites when a
+ * buffer is CUDA memory. Completes before returning (*request = NULL). */
+fab_result fab_mr_iflush(fab_comm* c, int n, void** data, const int* sizes, struct fab_mr** mrs, void** request);
+
 /* Domain teardown: drops every handle still registered on dom's device. */
 void fab_mr_domain_close(fab_device* dev);
 

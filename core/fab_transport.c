@@ -3,7 +3,7 @@
 #include "fab_transport.h"
 
 /* Transports in order of preference for FABRIC_TRANSPORT=auto. */
-static const fab_transport_ops* const transports[] = {&fab_sendrecv_ops};
+static const fab_transport_ops* const transports[] = {&fab_rdma_ops, &fab_sendrecv_ops};
 
 int fab_transport_candidates(const fab_transport_ops** out, int cap) {
   const char* want = fab_g.params.transport;

@@ -29,6 +29,7 @@ typedef struct fab_transport_needs {
   uint64_t mr_access;    /* access flags of every registration */
   size_t cq_data_size;   /* bytes of remote CQ data it sends (0: none) */
   size_t mr_key_size;    /* largest remote key it can carry (0: no remote keys) */
+  size_t min_inject;     /* smallest inject size it can live with */
   int tagged;            /* needs enough tag bits for fab_tag_layout */
   int reg_host;          /* host memory must be registered (remote access) */
 } fab_transport_needs;

@@ -41,14 +41,28 @@ static inline void use(plug_state* p) {
 }
 
 static int plugin_verbose;
+/* The transport fabric reports in its device INFO line ("..., transport rdma,
+ * ..."), for the plugin: line; another plugin leaves it unknown. */
+static char plugin_transport[32] = "unknown";
+
+static void note_transport(const char* msg) {
+  const char* t = strstr(msg, ", transport ");
+  if (!t || !strstr(msg, "device ")) return;
+  t += strlen(", transport ");
+  size_t n = strcspn(t, ", ");
+  if (n >= sizeof(plugin_transport)) n = sizeof(plugin_transport) - 1;
+  memcpy(plugin_transport, t, n);
+  plugin_transport[n] = '\0';
+}
 
 static void plug_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
-  if (level > FAB_LOG_WARN && !(plugin_verbose && level == FAB_LOG_INFO)) return;
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  if (level == FAB_LOG_INFO) note_transport(msg);
+  if (level > FAB_LOG_WARN && !(plugin_verbose && level == FAB_LOG_INFO)) return;
   fprintf(stderr, "netbench[rank %d] plugin %s: %s\n", nb_rank, level == FAB_LOG_WARN ? "WARN" : "INFO", msg);
 }
 
@@ -207,9 +221,9 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   x->ops = &plugin_ops;
   x->priv = p;
   snprintf(x->desc, sizeof(x->desc),
-           "plugin %s, %s (name \"%s\"), %d dev(s), dev %d \"%s\" speed %d Mbps, regIsGlobal %d, maxRecvs %d, "
-           "maxComms %d",
-           o->plugin, sym, p->api.name ? p->api.name : "?", ndev, p->dev, props.name ? props.name : "?",
-           props.speed_mbps, props.reg_is_global, props.max_recvs, props.max_comms);
+           "plugin %s, %s (name \"%s\"), transport %s, %d dev(s), dev %d \"%s\" speed %d Mbps, regIsGlobal %d, "
+           "maxRecvs %d, maxComms %d",
+           o->plugin, sym, p->api.name ? p->api.name : "?", plugin_transport, ndev, p->dev,
+           props.name ? props.name : "?", props.speed_mbps, props.reg_is_global, props.max_recvs, props.max_comms);
   return 0;
 }

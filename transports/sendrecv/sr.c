@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fab_cuda.h"
 #include "fab_transport.h"
 
 /* One tagged operation of a request: the send, or one buffer of a grouped
@@ -253,23 +252,6 @@ static fab_result sr_irecv(fab_comm* c, int n, void** data, const size_t* sizes,
   return frc;
 }
 
-/* --- flush --------------------------------------------------------------------- */
-
-static fab_result sr_iflush(fab_comm* c, int n, void** data, const int* sizes, fab_mr** mrs, void** request) {
-  *request = NULL; /* flushes complete before returning */
-  int need = 0;
-  for (int i = 0; i < n; i++) need |= mrs[i] && mrs[i]->type == FAB_PTR_CUDA && sizes[i] > 0;
-  if (FAB_LIKELY(!need)) return FAB_OK;
-  const char* what;
-  int rc = fab_cuda_flush(&what);
-  if (rc != 0) {
-    FAB_WARN("iflush after a receive from %s: %s failed (CUresult %d); the received GPU data may not be visible",
-             c->peer_name, what, rc);
-    return FAB_ERR_CUDA;
-  }
-  return FAB_OK;
-}
-
 /* --- progress and test ---------------------------------------------------------- */
 
 static void sr_progress(fab_comm* c, fab_req* r) {
@@ -324,7 +306,7 @@ const fab_transport_ops fab_sendrecv_ops = {
     .init_req = sr_init_req,
     .isend = sr_isend,
     .irecv = sr_irecv,
-    .iflush = sr_iflush,
+    .iflush = fab_mr_iflush,
     .progress = sr_progress,
     .sizes = sr_sizes,
     .give_up = sr_give_up,

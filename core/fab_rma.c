@@ -1,0 +1,48 @@
+/* One-sided operations with the window check in front of every post. */
+#include "fab_rma.h"
+
+ssize_t fab_rma_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
+                          const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
+  if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
+  return fi_writedata(ep->ep, buf, len, desc, data, peer, w->addr + off, w->key, &op->ctx);
+}
+
+ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
+                      const fab_window* w, uint64_t off, fab_op* op) {
+  if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
+  return fi_write(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
+}
+
+ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
+                                 const fab_window* w, uint64_t off, uint64_t data) {
+  if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
+  if (FAB_UNLIKELY(len > ep->dev->inject_size)) return -FI_EMSGSIZE;
+  return fi_inject_writedata(ep->ep, buf, len, data, peer, w->addr + off, w->key);
+}
+
+ssize_t fab_rma_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, void* desc, const fab_window* w,
+                     uint64_t off, fab_op* op) {
+  if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
+  return fi_read(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
+}
+
+int fab_rma_buf_reg(fab_device* dev, void* buf, size_t len, uint64_t access, fab_rma_buf* out) {
+  fab_domain* dom = dev->dom;
+  uint64_t key = dev->prov_key ? 0 : atomic_fetch_add(&dom->next_key, 1);
+  out->mr = NULL;
+  int rc = fi_mr_reg(dom->domain, buf, len, access, 0, key, 0, &out->mr, NULL);
+  if (rc != 0) {
+    out->mr = NULL;
+    return rc;
+  }
+  out->desc = fi_mr_desc(out->mr);
+  out->win.addr = dev->virt_addr ? (uint64_t)(uintptr_t)buf : 0;
+  out->win.len = len;
+  out->win.key = fi_mr_key(out->mr);
+  return 0;
+}
+
+void fab_rma_buf_dereg(fab_rma_buf* b) {
+  if (b->mr) fi_close(&b->mr->fid);
+  b->mr = NULL;
+}

@@ -1,0 +1,55 @@
+/*
+ * One-sided operations, for every transport and ABI family: a remote window
+ * (what a peer registered and announced: address, length, key), and write,
+ * write with 8 bytes of remote CQ data, inline write and read into it.
+ *
+ * Every operation checks [offset, offset + len) against the window before
+ * anything is posted: a peer's bytes decide where we write only inside a
+ * window the peer registered (its provider enforces the key and range on its
+ * side; we refuse the rest before it leaves).
+ *
+ * Ordering: a write with remote CQ data completes at the target only once its
+ * data is placed, so "data before the notification that announces it" holds
+ * for one fi_writedata by itself; nothing here relies on ordering between
+ * separate operations.
+ */
+#ifndef FAB_RMA_H
+#define FAB_RMA_H
+
+#include "fab_engine.h"
+
+typedef struct fab_window {
+  uint64_t addr; /* as the peer's provider addresses it (virtual address or offset) */
+  uint64_t len;
+  uint64_t key;
+} fab_window;
+
+/* 1 when [off, off + len) lies inside w. */
+static inline int fab_window_covers(const fab_window* w, uint64_t off, uint64_t len) {
+  return off <= w->len && len <= w->len - off;
+}
+
+/* Each returns 0, -FI_EAGAIN (retry after progress), -FI_EINVAL (outside
+ * the window: nothing was posted) or another negative fi errno. */
+ssize_t fab_rma_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
+                          const fab_window* w, uint64_t off, uint64_t data, fab_op* op);
+ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
+                      const fab_window* w, uint64_t off, fab_op* op);
+/* Inline: buf may be reused at once; no local completion. len <=
+ * ep->dev->inject_size. */
+ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
+                                 const fab_window* w, uint64_t off, uint64_t data);
+ssize_t fab_rma_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, void* desc, const fab_window* w,
+                     uint64_t off, fab_op* op);
+
+/* A buffer of our own that peers write into (a transport's mailbox): registered
+ * for remote access on dev's domain, described as the window peers use. */
+typedef struct fab_rma_buf {
+  struct fid_mr* mr;
+  void* desc;
+  fab_window win;
+} fab_rma_buf;
+int fab_rma_buf_reg(fab_device* dev, void* buf, size_t len, uint64_t access, fab_rma_buf* out);
+void fab_rma_buf_dereg(fab_rma_buf* b);
+
+#endif /* FAB_RMA_H */

@@ -1,0 +1,169 @@
+/* The rdma transport: comm lifetime, handshake payloads, the remote-data
+ * dispatcher and the ops table. The protocol is described in rd.h. */
+#include "rd.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void rd_poll(fab_comm* c) {
+  fab_ep_poll(c->ep);
+  if (FAB_UNLIKELY(c->home != NULL)) fab_ep_poll(c->home);
+}
+
+void rd_protocol_error(fab_comm* c, const char* what) {
+  if (c->error != FAB_OK) return; /* one WARN per connection: a flood of garbage logs once */
+  char why[160];
+  snprintf(why, sizeof(why), "the peer broke the rdma protocol: %s", what);
+  FAB_WARN("connection to %s failed: %s; nothing was written outside a registered buffer. Check that both ranks run "
+           "the same plugin build", c->peer_name, why);
+  fab_comm_fail(c, FAB_ERR_REMOTE, why);
+}
+
+/* --- comm lifetime and handshake ------------------------------------------------ */
+
+static fab_result rd_comm_init(fab_comm* c) {
+  if (c->kind != FAB_OBJ_SEND) return FAB_OK;
+  rd_scomm* s = rd_s(c);
+  size_t len = RD_SLOTS * sizeof(rd_ctrl);
+  s->box = aligned_alloc(4096, len);
+  if (!s->box) {
+    FAB_WARN("connect: out of memory for the rdma mailbox");
+    return FAB_ERR_SYSTEM;
+  }
+  memset(s->box, 0, len);
+  int rc = fab_rma_buf_reg(c->ep->dev, s->box, len, FI_REMOTE_WRITE | FI_WRITE, &s->box_mr);
+  if (rc != 0) {
+    FAB_WARN("connect: registering the rdma mailbox on %s failed: %s", c->ep->dev->name, fi_strerror(-rc));
+    free(s->box);
+    s->box = NULL;
+    return FAB_ERR_SYSTEM;
+  }
+  return FAB_OK;
+}
+
+static void rd_comm_fini(fab_comm* c) {
+  if (c->kind != FAB_OBJ_SEND) return;
+  rd_scomm* s = rd_s(c);
+  fab_rma_buf_dereg(&s->box_mr);
+  free(s->box);
+  s->box = NULL;
+}
+
+static size_t rd_connect_payload(fab_comm* c, void* buf, size_t cap) {
+  rd_scomm* s = rd_s(c);
+  rd_hello h = {.box_addr = s->box_mr.win.addr, .box_key = s->box_mr.win.key, .box_slots = RD_SLOTS};
+  _Static_assert(sizeof(h) <= FAB_TP_MAX, "rd_hello fits the handshake");
+  memcpy(buf, &h, sizeof(h));
+  return sizeof(h);
+}
+
+static fab_result rd_accept_payload(fab_comm* c, const void* in, size_t in_len, void* out, size_t cap,
+                                    size_t* out_len) {
+  rd_hello h;
+  *out_len = 0;
+  if (in_len != sizeof(h)) {
+    FAB_WARN("accept: refused %s: its rdma handshake data has %zu bytes, expected %zu (mixed plugin builds?)",
+             c->peer_name, in_len, sizeof(h));
+    return FAB_ERR_REMOTE;
+  }
+  memcpy(&h, in, sizeof(h));
+  if (h.box_slots != RD_SLOTS) {
+    FAB_WARN("accept: refused %s: its rdma mailbox has %u entries, this build expects %d (mixed plugin builds?)",
+             c->peer_name, h.box_slots, RD_SLOTS);
+    return FAB_ERR_REMOTE;
+  }
+  rd_rcomm* r = rd_r(c);
+  r->box = (fab_window){.addr = h.box_addr, .len = RD_SLOTS * sizeof(rd_ctrl), .key = h.box_key};
+  return FAB_OK;
+}
+
+/* --- remote data ------------------------------------------------------------------ */
+
+/* A peer's write landed. ep lock held: a comm is freed only under it. */
+static void rd_remote_data(fab_endpoint* ep, const fab_cqe* e) {
+  uint64_t d = e->data;
+  fab_comm* c = fab_ep_id_get(ep, rd_cq_comm(d));
+  if (!c || c->ops != &fab_rdma_ops) {
+    static _Atomic int warned;
+    if (!atomic_exchange(&warned, 1))
+      FAB_WARN("ignored an RDMA write on %s naming connection %u, which does not exist here (a closed connection's "
+               "late write, or a foreign peer); further ones are ignored silently", ep->dev->name, rd_cq_comm(d));
+    return;
+  }
+  fab_comm_count_completion(c);
+  unsigned type = rd_cq_type(d);
+  if (type == RD_CTRL) {
+    if (c->kind == FAB_OBJ_SEND) rd_send_landed(c, rd_cq_low(d));
+    else rd_protocol_error(c, "a buffer announcement arrived on a receiving connection");
+  } else if (type == RD_DATA || type == RD_TRUNC) {
+    if (c->kind == FAB_OBJ_RECV) rd_recv_landed(c, type, rd_cq_slot(d), rd_cq_low(d));
+    else rd_protocol_error(c, "data arrived on a sending connection");
+  } else {
+    rd_protocol_error(c, "a write of unknown type");
+  }
+}
+
+/* --- data path --------------------------------------------------------------------- */
+
+static void rd_init_req(fab_comm* c, fab_req* r) {
+  if (c->kind == FAB_OBJ_SEND) rd_send_init_req(c, r);
+}
+
+static void rd_progress(fab_comm* c, fab_req* r) {
+  (void)r;
+  rd_poll(c);
+  if (c->kind == FAB_OBJ_SEND) rd_send_progress(c);
+  else rd_recv_progress(c);
+}
+
+static void rd_sizes(fab_req* r, int* sizes) {
+  if (r->type == FAB_REQ_SEND) {
+    sizes[0] = (int)r->size;
+    return;
+  }
+  for (int i = 0; i < r->n; i++) sizes[i] = (int)rd_rq(r)->sub[i].got;
+}
+
+static void rd_give_up(fab_req* r) {
+  if (r->type == FAB_REQ_SEND) rd_send_give_up(r);
+  else rd_recv_give_up(r);
+}
+
+static void rd_cancel(fab_comm* c) {
+  if (c->kind == FAB_OBJ_SEND) rd_send_cancel(c);
+  else rd_recv_cancel(c);
+}
+
+const fab_transport_ops fab_rdma_ops = {
+    .name = "rdma",
+    .id = FAB_TRANSPORT_RDMA,
+    .needs =
+        {
+            .caps = FI_MSG | FI_TAGGED | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ,
+            .mr_access = FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ,
+            .cq_data_size = 8,
+            .mr_key_size = 8,
+            .min_inject = sizeof(rd_ctrl),
+            .tagged = 1,
+            .reg_host = 1,
+        },
+    .send_reqs = RD_SEND_REQS,
+    .recv_reqs = RD_RECV_REQS,
+    .send_req_size = sizeof(rd_sreq),
+    .recv_req_size = sizeof(rd_rreq),
+    .comm_size = sizeof(rd_scomm) > sizeof(rd_rcomm) ? sizeof(rd_scomm) : sizeof(rd_rcomm),
+    .comm_init = rd_comm_init,
+    .comm_fini = rd_comm_fini,
+    .init_req = rd_init_req,
+    .connect_payload = rd_connect_payload,
+    .accept_payload = rd_accept_payload,
+    .isend = rd_isend,
+    .irecv = rd_irecv,
+    .iflush = fab_mr_iflush,
+    .progress = rd_progress,
+    .sizes = rd_sizes,
+    .give_up = rd_give_up,
+    .cancel = rd_cancel,
+    .remote_data = rd_remote_data,
+};

@@ -1,0 +1,117 @@
+/*
+ * The rdma transport: NCCL messages as RMA writes straight into the
+ * receiver's buffer.
+ *
+ *  irecv: each buffer is numbered (index, in posting order) and announced to
+ *         the sender by an inline write of an rd_ctrl {address, key, size,
+ *         tag, slot} into the sender's mailbox entry index % RD_SLOTS, with
+ *         remote CQ data naming the entry.
+ *  isend: the sender takes the first announced, unmatched buffer with its
+ *         tag (libfabric's tagged matching rule, so both transports match
+ *         alike: NCCL's "in order per connection" and grouped receives);
+ *         with none yet, the send waits in the comm's queue and is posted
+ *         by a later isend or test. The data goes with fi_writedata (inline
+ *         when small); its CQ data {slot, size} completes the receive.
+ *  A send larger than its buffer is never written: the send fails as
+ *  truncated and a TRUNC notice fails the receive the same way.
+ *
+ * Mailbox flow control: the sender consumes announcements in index order,
+ * so the receiver's data arrival for buffer j proves every announcement up
+ * to j consumed; buffer i is announced only while i < consumed + RD_SLOTS,
+ * else it waits in the comm's backlog. Every announced buffer receives
+ * exactly one write (data or TRUNC), so the backlog always drains.
+ *
+ * Threads: the sender's mailbox flags and the receiver's request slots are
+ * written by the remote-data handler (under the endpoint lock, any thread);
+ * everything else belongs to the thread driving the comm.
+ */
+#ifndef RD_H
+#define RD_H
+
+#include "fab_rma.h"
+#include "fab_transport.h"
+#include "rd_proto.h"
+
+enum { RD_SEND_REQS = FAB_MAX_REQUESTS * FAB_MAX_RECVS, RD_RECV_REQS = 2 * FAB_MAX_REQUESTS };
+_Static_assert(RD_RECV_REQS * FAB_MAX_RECVS <= RD_SLOTS, "a slot names a request and a buffer; at most RD_SLOTS");
+
+/* An announcement as the sender keeps it. */
+typedef struct rd_ann {
+  fab_window win;
+  uint32_t index;
+  int32_t tag;
+  uint16_t slot;
+} rd_ann;
+
+typedef struct rd_sreq {
+  fab_op op;
+  void* data;
+  void* desc;
+  rd_ann target;
+  int matched;
+} rd_sreq;
+
+typedef struct rd_scomm {
+  rd_ctrl* box; /* RD_SLOTS entries, registered for remote write */
+  fab_rma_buf box_mr;
+  _Atomic uint8_t landed[RD_SLOTS]; /* set by CTRL completions, cleared when consumed */
+  uint32_t next_index;              /* next announcement to consume */
+  uint32_t nann, nwait;
+  rd_ann ann[RD_SLOTS];             /* announced, unmatched, in index order */
+  fab_req* wait[RD_SEND_REQS];      /* sends not posted yet, in order */
+} rd_scomm;
+
+enum { RD_SUB_IDLE = 0, RD_SUB_WAITING = 1, RD_SUB_ANNOUNCED = 2, RD_SUB_DONE = 3 };
+
+typedef struct rd_rsub {
+  rd_ctrl ctrl;
+  void* data;
+  size_t size;
+  size_t got;
+  _Atomic int state; /* RD_SUB_*; DONE set by the remote-data handler */
+} rd_rsub;
+
+typedef struct rd_rreq {
+  rd_rsub sub[FAB_MAX_RECVS];
+} rd_rreq;
+
+typedef struct rd_backlog_entry {
+  fab_req* r;
+  uint32_t sub;
+} rd_backlog_entry;
+
+typedef struct rd_rcomm {
+  fab_window box;          /* the sender's mailbox */
+  uint32_t next_index;     /* number of the next posted buffer */
+  _Atomic uint32_t acked;  /* announcements proven consumed (handler writes, owner reads) */
+  uint32_t nbacklog;
+  rd_backlog_entry backlog[RD_SLOTS]; /* buffers not announced yet, in order */
+} rd_rcomm;
+
+static inline rd_scomm* rd_s(fab_comm* c) { return fab_comm_tp(c); }
+static inline rd_rcomm* rd_r(fab_comm* c) { return fab_comm_tp(c); }
+static inline rd_sreq* rd_sq(fab_req* r) { return fab_req_tp(r); }
+static inline rd_rreq* rd_rq(fab_req* r) { return fab_req_tp(r); }
+
+/* Drives the comm's endpoint (and its home endpoint, for an own one). */
+void rd_poll(fab_comm* c);
+/* Fails the connection after a peer broke the protocol: one WARN. ep lock held. */
+void rd_protocol_error(fab_comm* c, const char* what);
+
+/* rd_send.c */
+fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, void** request);
+void rd_send_progress(fab_comm* c);
+void rd_send_landed(fab_comm* c, uint32_t entry); /* a CTRL completion; ep lock held */
+void rd_send_cancel(fab_comm* c);
+void rd_send_give_up(fab_req* r);
+void rd_send_init_req(fab_comm* c, fab_req* r);
+
+/* rd_recv.c */
+fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const int* tags, fab_mr** mrs,
+                    void** request);
+void rd_recv_progress(fab_comm* c);
+void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size); /* ep lock held */
+void rd_recv_cancel(fab_comm* c);
+void rd_recv_give_up(fab_req* r);
+
+#endif /* RD_H */

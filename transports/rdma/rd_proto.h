@@ -1,0 +1,57 @@
+/*
+ * The rdma transport's wire format: the announcements a receiver writes into
+ * its sender's mailbox and the 64 bits of remote CQ data that tell the target
+ * what each write was. Everything read from a peer is validated before use.
+ */
+#ifndef RD_PROTO_H
+#define RD_PROTO_H
+
+#include <stdint.h>
+
+#include "fab_core.h"
+
+enum {
+  RD_SLOTS = 512, /* mailbox entries: recv requests x FAB_MAX_RECVS */
+};
+
+/* One announced receive buffer (receiver -> sender mailbox, one inline
+ * write into mailbox entry index % RD_SLOTS). */
+typedef struct rd_ctrl {
+  uint64_t addr;      /* where the data goes, as the receiver's provider addresses it */
+  uint64_t key;
+  uint64_t size;      /* posted size */
+  uint32_t index;     /* the buffer's number on this connection, in posting order */
+  int32_t tag;
+  uint16_t slot;      /* (request << 3 | buffer): echoed in the data's CQ data */
+  uint16_t reserved;
+  uint32_t check;     /* index ^ RD_CTRL_MAGIC: the entry is the one the CQ data names */
+} rd_ctrl;
+_Static_assert(sizeof(rd_ctrl) == 40, "rd_ctrl layout");
+
+#define RD_CTRL_MAGIC 0x43445246u /* "FRDC" */
+
+/* Remote CQ data, 64 bits:
+ *   63..62 type   61..52 slot   51..32 target comm id   31..0 size / mailbox entry
+ * CTRL:  an announcement landed in the mailbox entry named by the low bits
+ * DATA:  size bytes landed in the receive buffer named by slot
+ * TRUNC: the sender refused to write size bytes into the buffer named by slot
+ *        (larger than the buffer): that receive fails as truncated */
+enum { RD_CTRL = 0, RD_DATA = 1, RD_TRUNC = 3 };
+enum { RD_ID_MAX = (1u << 20) - 1 };
+
+static inline uint64_t rd_cq_data(unsigned type, uint32_t comm_id, uint32_t slot, uint32_t low) {
+  return (uint64_t)type << 62 | (uint64_t)(slot & 0x3ff) << 52 | (uint64_t)(comm_id & RD_ID_MAX) << 32 | low;
+}
+static inline unsigned rd_cq_type(uint64_t d) { return (unsigned)(d >> 62); }
+static inline uint32_t rd_cq_slot(uint64_t d) { return (uint32_t)(d >> 52) & 0x3ff; }
+static inline uint32_t rd_cq_comm(uint64_t d) { return (uint32_t)(d >> 32) & RD_ID_MAX; }
+static inline uint32_t rd_cq_low(uint64_t d) { return (uint32_t)d; }
+
+/* The connector's handshake payload: where announcements go. */
+typedef struct rd_hello {
+  uint64_t box_addr, box_key;
+  uint32_t box_slots;
+  uint32_t reserved;
+} rd_hello;
+
+#endif /* RD_PROTO_H */
