@@ -72,6 +72,9 @@ typedef struct {
   char* sbuf[INFLIGHT];
   char* rbuf[INFLIGHT];
   char *churn_s, *churn_r; /* side connections' buffers: freed after finalize */
+  void* smh[INFLIGHT];      /* registrations (regIsGlobal: usable on every comm of the device) */
+  void* rmh[INFLIGHT];
+  void *churn_smh, *churn_rmh;
 } worker;
 
 /* A side connection: receives for tags 1..4, sends for tags 1 and 2, the
@@ -87,7 +90,7 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
     double end = now_s() + 30;
     while (!rq[tag - 1]) {
       CHECK(now_s() < end, "thread %d: side irecv never accepted", w->id);
-      OK(api->irecv(r, 1, &d, &rsz, &tag, NULL, NULL, &rq[tag - 1]));
+      OK(api->irecv(r, 1, &d, &rsz, &tag, &w->churn_rmh, NULL, &rq[tag - 1]));
     }
   }
   for (int tag = 1; tag <= 2; tag++) {
@@ -95,7 +98,7 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
     double end = now_s() + 30;
     while (!sq) {
       CHECK(now_s() < end, "thread %d: side isend never accepted", w->id);
-      OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, NULL, NULL, &sq));
+      OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, w->churn_smh, NULL, &sq));
     }
   }
   if (unmatched && (w->id & 1)) OK(api->close_recv(r)); /* before the sends may have matched */
@@ -139,11 +142,15 @@ static void* run(void* arg) {
   for (int i = 0; i < INFLIGHT; i++) {
     w->sbuf[i] = malloc(MAXSZ);
     w->rbuf[i] = malloc(MAXSZ);
+    OK(api->reg_mr(s, w->sbuf[i], MAXSZ, FAB_PTR_HOST, &w->smh[i]));
+    OK(api->reg_mr(r, w->rbuf[i], MAXSZ, FAB_PTR_HOST, &w->rmh[i]));
   }
   void* sreq[INFLIGHT] = {0};
   void* rreq[INFLIGHT] = {0};
   w->churn_s = malloc(MAXSZ);
   w->churn_r = malloc(MAXSZ);
+  OK(api->reg_mr(s, w->churn_s, MAXSZ, FAB_PTR_HOST, &w->churn_smh));
+  OK(api->reg_mr(r, w->churn_r, MAXSZ, FAB_PTR_HOST, &w->churn_rmh));
   int next_post = 0, next_done = 0, churned = 0;
   double end = now_s() + 120;
   while (next_done < MSGS) {
@@ -155,11 +162,11 @@ static void* run(void* arg) {
       size_t rsz = MAXSZ;
       int tag = next_post & 0xff;
       void* rq = NULL;
-      OK(api->irecv(r, 1, &d, &rsz, &tag, NULL, NULL, &rq));
+      OK(api->irecv(r, 1, &d, &rsz, &tag, &w->rmh[slot], NULL, &rq));
       if (!rq) break;
       memset(w->sbuf[slot], (char)(next_post * 13 + w->id), sz);
       void* sq = NULL;
-      while (!sq) OK(api->isend(s, w->sbuf[slot], sz, tag, NULL, NULL, &sq));
+      while (!sq) OK(api->isend(s, w->sbuf[slot], sz, tag, w->smh[slot], NULL, &sq));
       rreq[slot] = rq;
       sreq[slot] = sq;
       next_post++;
@@ -186,6 +193,12 @@ static void* run(void* arg) {
       churn(w, w->churn_s, w->churn_r);
     }
   }
+  for (int i = 0; i < INFLIGHT; i++) {
+    OK(api->dereg_mr(s, w->smh[i]));
+    OK(api->dereg_mr(r, w->rmh[i]));
+  }
+  OK(api->dereg_mr(s, w->churn_smh));
+  OK(api->dereg_mr(r, w->churn_rmh));
   OK(api->close_send(s));
   OK(api->close_recv(r));
   OK(api->close_listen(l));

@@ -21,9 +21,11 @@
  * else it waits in the comm's backlog. Every announced buffer receives
  * exactly one write (data or TRUNC), so the backlog always drains.
  *
- * Threads: the sender's mailbox flags and the receiver's request slots are
- * written by the remote-data handler (under the endpoint lock, any thread);
- * everything else belongs to the thread driving the comm.
+ * Threads: the sender's matching state is kept under the endpoint lock, so
+ * whichever thread reads an announcement's completion posts the send waiting
+ * for it (a send never depends on its own comm being tested). The
+ * receiver's request slots are completed by the remote-data handler (under
+ * the lock, any thread); its backlog is flushed by the owner or the handler.
  */
 #ifndef RD_H
 #define RD_H
@@ -51,14 +53,17 @@ typedef struct rd_sreq {
   int matched;
 } rd_sreq;
 
+/* The sender's state lives under the endpoint lock (see rd_send.c), but for
+ * the mailbox itself, which the receiver writes. */
 typedef struct rd_scomm {
   rd_ctrl* box; /* RD_SLOTS entries, registered for remote write */
   fab_rma_buf box_mr;
-  _Atomic uint8_t landed[RD_SLOTS]; /* set by CTRL completions, cleared when consumed */
-  uint32_t next_index;              /* next announcement to consume */
+  uint8_t landed[RD_SLOTS];    /* set by CTRL completions, cleared when consumed */
+  uint32_t next_index;         /* next announcement to consume */
   uint32_t nann, nwait;
-  rd_ann ann[RD_SLOTS];             /* announced, unmatched, in index order */
-  fab_req* wait[RD_SEND_REQS];      /* sends not posted yet, in order */
+  _Atomic uint32_t nwait_hint; /* nwait, readable without the lock */
+  rd_ann ann[RD_SLOTS];        /* announced, unmatched, in index order */
+  fab_req* wait[RD_SEND_REQS]; /* sends not posted yet, in order */
 } rd_scomm;
 
 enum { RD_SUB_IDLE = 0, RD_SUB_WAITING = 1, RD_SUB_ANNOUNCED = 2, RD_SUB_DONE = 3 };
@@ -84,8 +89,8 @@ typedef struct rd_rcomm {
   fab_window box;          /* the sender's mailbox */
   uint32_t next_index;     /* number of the next posted buffer */
   _Atomic uint32_t acked;  /* announcements proven consumed (handler writes, owner reads) */
-  uint32_t nbacklog;
-  rd_backlog_entry backlog[RD_SLOTS]; /* buffers not announced yet, in order */
+  _Atomic uint32_t nbacklog;           /* only the owner adds; owner or handler (lock) removes */
+  rd_backlog_entry backlog[RD_SLOTS]; /* buffers not announced yet, in order (ep lock) */
 } rd_rcomm;
 
 static inline rd_scomm* rd_s(fab_comm* c) { return fab_comm_tp(c); }

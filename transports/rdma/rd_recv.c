@@ -24,12 +24,15 @@ static ssize_t announce(fab_comm* c, rd_rsub* b) {
   return n;
 }
 
-/* Announces backlogged buffers in order while the mailbox has room. */
+static inline uint32_t backlog_len(rd_rcomm* rc) { return atomic_load_explicit(&rc->nbacklog, memory_order_acquire); }
+
+/* Announces backlogged buffers in order while the mailbox has room: 0 or an
+ * error (-FI_EAGAIN leaves them for later). ep lock held. */
 static ssize_t flush_backlog(fab_comm* c) {
   rd_rcomm* rc = rd_r(c);
-  uint32_t done = 0;
+  uint32_t done = 0, len = backlog_len(rc);
   ssize_t n = 0;
-  while (done < rc->nbacklog) {
+  while (done < len) {
     rd_backlog_entry* e = &rc->backlog[done];
     rd_rsub* b = &rd_rq(e->r)->sub[e->sub];
     if (!may_announce(rc, b->ctrl.index)) break;
@@ -37,19 +40,36 @@ static ssize_t flush_backlog(fab_comm* c) {
     if (n != 0) break;
     done++;
   }
-  if (done) memmove(rc->backlog, rc->backlog + done, (rc->nbacklog - done) * sizeof(*rc->backlog));
-  rc->nbacklog -= done;
+  if (done) memmove(rc->backlog, rc->backlog + done, (len - done) * sizeof(*rc->backlog));
+  atomic_store_explicit(&rc->nbacklog, len - done, memory_order_release);
   return n == -FI_EAGAIN ? 0 : n;
 }
 
-static fab_result announce_failed(fab_comm* c, ssize_t n) {
+/* ep lock held. */
+static void announce_failed_locked(fab_comm* c, ssize_t n) {
   char why[160];
   snprintf(why, sizeof(why), "announcing a receive buffer to the peer failed: %s", fi_strerror((int)-n));
-  pthread_mutex_lock(&c->ep->lock);
   fab_comm_fail(c, fab_result_from_fi((int)-n), why);
+}
+
+static fab_result announce_failed(fab_comm* c, ssize_t n) {
+  pthread_mutex_lock(&c->ep->lock);
+  announce_failed_locked(c, n);
   pthread_mutex_unlock(&c->ep->lock);
-  FAB_WARN("irecv from %s: %s", c->peer_name, why);
+  FAB_WARN("irecv from %s: %s", c->peer_name, c->error_why);
   return c->error;
+}
+
+/* Appends buffer k of r to the backlog and announces what can be. */
+static ssize_t backlog_add(fab_comm* c, fab_req* r, uint32_t k) {
+  rd_rcomm* rc = rd_r(c);
+  pthread_mutex_lock(&c->ep->lock);
+  uint32_t len = backlog_len(rc);
+  rc->backlog[len] = (rd_backlog_entry){r, k};
+  atomic_store_explicit(&rc->nbacklog, len + 1, memory_order_release);
+  ssize_t n = flush_backlog(c);
+  pthread_mutex_unlock(&c->ep->lock);
+  return n;
 }
 
 static fab_result check_registered(fab_comm* c, int n, fab_mr** mrs) {
@@ -68,8 +88,7 @@ fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const 
   *request = NULL;
   fab_result frc = check_registered(c, n, mrs);
   if (FAB_UNLIKELY(frc != FAB_OK)) return frc;
-  ssize_t err = flush_backlog(c);
-  if (FAB_UNLIKELY(err != 0)) return announce_failed(c, err);
+  ssize_t err = 0;
   fab_req* r = fab_req_get(c, FAB_REQ_RECV, n, n);
   if (FAB_UNLIKELY(!r)) return FAB_OK;
   r->size = sizes[0];
@@ -85,19 +104,20 @@ fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const 
                         .check = index ^ RD_CTRL_MAGIC};
     sub_set(b, RD_SUB_WAITING);
     ssize_t a = -FI_EAGAIN;
-    if (rc->nbacklog == 0 && may_announce(rc, index)) a = announce(c, b);
-    if (a == -FI_EAGAIN) rc->backlog[rc->nbacklog++] = (rd_backlog_entry){r, (uint32_t)i};
-    else if (a != 0) err = a;
+    if (backlog_len(rc) == 0 && may_announce(rc, index)) a = announce(c, b);
+    if (a == -FI_EAGAIN) a = backlog_add(c, r, (uint32_t)i);
+    if (a != 0) err = a;
   }
   *request = r; /* even after a failure: its announced buffers belong to it */
   return err ? announce_failed(c, err) : FAB_OK;
 }
 
 void rd_recv_progress(fab_comm* c) {
-  if (rd_r(c)->nbacklog) {
-    ssize_t err = flush_backlog(c);
-    if (err) announce_failed(c, err);
-  }
+  if (FAB_LIKELY(backlog_len(rd_r(c)) == 0)) return;
+  pthread_mutex_lock(&c->ep->lock);
+  ssize_t err = flush_backlog(c);
+  if (err) announce_failed_locked(c, err);
+  pthread_mutex_unlock(&c->ep->lock);
 }
 
 /* The sender wrote (DATA) or refused to write (TRUNC) the buffer named by
@@ -123,6 +143,10 @@ void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
   uint32_t next = b->ctrl.index + 1; /* the sender consumed every announcement up to this one */
   if ((int32_t)(next - atomic_load_explicit(&rd_r(c)->acked, memory_order_relaxed)) > 0)
     atomic_store_explicit(&rd_r(c)->acked, next, memory_order_release);
+  if (backlog_len(rd_r(c)) && !c->closing) {
+    ssize_t err = flush_backlog(c); /* the mailbox has room again */
+    if (err) announce_failed_locked(c, err);
+  }
   if (type == RD_DATA) {
     b->got = size;
   } else if (r->result == FAB_OK && !c->closing) {
@@ -138,12 +162,11 @@ void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
   fab_req_op_done(r, 1);
 }
 
-/* Buffers not announced yet will never receive anything: they end now.
- * Announced ones cannot be taken back; their comm waits for their writes. */
+/* Buffers not announced yet will never receive anything: they end now. */
 static void drop_backlog(fab_comm* c, fab_req* only) {
   rd_rcomm* rc = rd_r(c);
-  uint32_t kept = 0;
-  for (uint32_t k = 0; k < rc->nbacklog; k++) {
+  uint32_t kept = 0, len = backlog_len(rc);
+  for (uint32_t k = 0; k < len; k++) {
     rd_backlog_entry e = rc->backlog[k];
     if (only && e.r != only) {
       rc->backlog[kept++] = e;
@@ -153,8 +176,30 @@ static void drop_backlog(fab_comm* c, fab_req* only) {
     sub_set(&rd_rq(e.r)->sub[e.sub], RD_SUB_DONE);
     fab_req_op_done(e.r, 1);
   }
-  rc->nbacklog = kept;
+  atomic_store_explicit(&rc->nbacklog, kept, memory_order_release);
 }
 
-void rd_recv_cancel(fab_comm* c) { drop_backlog(c, NULL); }
-void rd_recv_give_up(fab_req* r) { drop_backlog(r->comm, r); }
+/* Close (ep lock held): every receive ends now, announced ones too, so the
+ * comm is freed at once. A write the peer still makes for an announced
+ * buffer lands in that buffer (it stays writable for the peer until it is
+ * deregistered, as with any RDMA transport) and its completion names a
+ * connection that no longer exists: it is ignored. */
+void rd_recv_cancel(fab_comm* c) {
+  drop_backlog(c, NULL);
+  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
+  for (uint32_t i = 0; i < used; i++) {
+    fab_req* r = fab_pool_at(&c->reqs, i);
+    if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
+    for (int k = 0; k < r->n; k++) {
+      rd_rsub* b = &rd_rq(r)->sub[k];
+      if (sub_get(b) == RD_SUB_DONE || sub_get(b) == RD_SUB_IDLE) continue;
+      sub_set(b, RD_SUB_DONE);
+      fab_req_op_done(r, 1);
+    }
+  }
+}
+void rd_recv_give_up(fab_req* r) {
+  pthread_mutex_lock(&r->comm->ep->lock);
+  drop_backlog(r->comm, r);
+  pthread_mutex_unlock(&r->comm->ep->lock);
+}

@@ -1,5 +1,10 @@
 /* The rdma transport's sending side: consume announcements, match sends to
- * them, write the data. See rd.h. */
+ * them, write the data. See rd.h.
+ *
+ * The sender's matching state (announcements, waiting sends) is kept under
+ * the endpoint lock: an announcement is consumed by whichever thread reads
+ * its completion, and a send waiting for it is posted right there, so a
+ * send never depends on its own comm being tested to move. */
 #include <stdio.h>
 #include <string.h>
 
@@ -13,69 +18,33 @@ static void write_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_e
 
 void rd_send_init_req(fab_comm* c, fab_req* r) { fab_op_init_unlocked(&rd_sq(r)->op, write_done, r, 0); }
 
-void rd_send_landed(fab_comm* c, uint32_t entry) {
-  if (entry >= RD_SLOTS) {
-    rd_protocol_error(c, "an announcement names a mailbox entry out of range");
-    return;
+static void fail_send(fab_comm* c, fab_req* r, fab_result rc, const char* msg) {
+  if (r->result == FAB_OK) {
+    r->result = rc;
+    r->errmsg = strdup(msg);
   }
-  atomic_store_explicit(&rd_s(c)->landed[entry], 1, memory_order_release);
-}
-
-/* Moves landed announcements, in index order, to the announced list. 0, or
- * -1 after a protocol error. */
-static int consume(fab_comm* c) {
-  rd_scomm* s = rd_s(c);
-  for (;;) {
-    uint32_t i = s->next_index, entry = i % RD_SLOTS;
-    if (!atomic_load_explicit(&s->landed[entry], memory_order_acquire)) return 0;
-    rd_ctrl e = s->box[entry];
-    atomic_store_explicit(&s->landed[entry], 0, memory_order_relaxed);
-    if (e.index != i || e.check != (i ^ RD_CTRL_MAGIC) || (e.slot >> 3) >= RD_RECV_REQS ||
-        (e.slot & 7) >= FAB_MAX_RECVS || e.size > c->max_bytes || s->nann >= RD_SLOTS) {
-      pthread_mutex_lock(&c->ep->lock);
-      rd_protocol_error(c, "a malformed buffer announcement (wrong number, checksum, slot or size)");
-      pthread_mutex_unlock(&c->ep->lock);
-      return -1;
-    }
-    s->ann[s->nann++] = (rd_ann){.win = {.addr = e.addr, .len = e.size, .key = e.key},
-                                 .index = e.index, .tag = e.tag, .slot = e.slot};
-    s->next_index = i + 1;
-  }
-}
-
-/* Takes the first announced buffer with tag into *out; 0 when there is none. */
-static int take(rd_scomm* s, int tag, rd_ann* out) {
-  for (uint32_t k = 0; k < s->nann; k++) {
-    if (s->ann[k].tag != tag) continue;
-    *out = s->ann[k];
-    memmove(&s->ann[k], &s->ann[k + 1], (s->nann - k - 1) * sizeof(rd_ann));
-    s->nann--;
-    return 1;
-  }
-  return 0;
+  fab_req_op_done(r, 0);
 }
 
 /* The buffer is too small: nothing is written; the send fails, and the
  * receive learns it from a TRUNC notice. */
 static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
   rd_ann* t = &rd_sq(r)->target;
+  uint32_t size = r->size > UINT32_MAX ? UINT32_MAX : (uint32_t)r->size;
+  ssize_t rc = fab_rma_inject_writedata(c->ep, c->peer, NULL, 0, &t->win, 0,
+                                        rd_cq_data(RD_TRUNC, c->peer_id, t->slot, size));
+  if (rc == -FI_EAGAIN) return rc;
   char msg[320];
   snprintf(msg, sizeof(msg),
            "send of %zu bytes (tag %d) to %s was refused: the receive posted for it has only %llu bytes; a send must "
            "not be larger than its receive",
            r->size, r->tag, c->peer_name, (unsigned long long)t->win.len);
-  uint32_t size = r->size > UINT32_MAX ? UINT32_MAX : (uint32_t)r->size;
-  ssize_t rc = fab_rma_inject_writedata(c->ep, c->peer, NULL, 0, &t->win, 0,
-                                        rd_cq_data(RD_TRUNC, c->peer_id, t->slot, size));
-  if (rc == -FI_EAGAIN) return rc;
-  r->result = FAB_ERR_INVALID_USAGE;
-  r->errmsg = strdup(msg);
-  fab_req_op_done(r, 0);
+  fail_send(c, r, FAB_ERR_INVALID_USAGE, msg);
   return 0;
 }
 
-/* Posts the write of a matched send: 0 (posted or done), -FI_EAGAIN, or an
- * error (the request failed). */
+/* Posts the write of a matched send: 0 (posted, done or failed) or
+ * -FI_EAGAIN. ep lock held. */
 static ssize_t post(fab_comm* c, fab_req* r) {
   rd_sreq* q = rd_sq(r);
   if (FAB_UNLIKELY(r->size > q->target.win.len)) return refuse_truncated(c, r);
@@ -91,17 +60,27 @@ static ssize_t post(fab_comm* c, fab_req* r) {
   char msg[320];
   snprintf(msg, sizeof(msg), "send of %zu bytes (tag %d) to %s: posting the RDMA write failed: %s", r->size, r->tag,
            c->peer_name, fi_strerror((int)-rc));
-  r->result = fab_result_from_fi((int)-rc);
-  r->errmsg = strdup(msg);
-  fab_req_op_done(r, 0);
-  return rc;
+  fail_send(c, r, fab_result_from_fi((int)-rc), msg);
+  return 0;
 }
 
-/* Matches and posts waiting sends in order. A send of a tag never overtakes
- * an earlier one of the same tag: the earlier takes the earlier buffer. */
-void rd_send_progress(fab_comm* c) {
+/* Takes the first announced buffer with tag into *out; 0 when there is none. */
+static int take(rd_scomm* s, int tag, rd_ann* out) {
+  for (uint32_t k = 0; k < s->nann; k++) {
+    if (s->ann[k].tag != tag) continue;
+    *out = s->ann[k];
+    memmove(&s->ann[k], &s->ann[k + 1], (s->nann - k - 1) * sizeof(rd_ann));
+    s->nann--;
+    return 1;
+  }
+  return 0;
+}
+
+/* Matches and posts waiting sends in order: a send of a tag never overtakes
+ * an earlier one of the same tag (the earlier takes the earlier buffer).
+ * ep lock held. */
+static void post_waiting(fab_comm* c) {
   rd_scomm* s = rd_s(c);
-  if (consume(c) != 0 || s->nwait == 0) return;
   uint32_t kept = 0;
   for (uint32_t k = 0; k < s->nwait; k++) {
     fab_req* r = s->wait[k];
@@ -113,10 +92,51 @@ void rd_send_progress(fab_comm* c) {
   s->nwait = kept;
 }
 
+/* Moves landed announcements, in index order, to the announced list.
+ * ep lock held. */
+static void consume(fab_comm* c) {
+  rd_scomm* s = rd_s(c);
+  for (;;) {
+    uint32_t i = s->next_index, entry = i % RD_SLOTS;
+    if (!s->landed[entry]) return;
+    rd_ctrl e = s->box[entry];
+    s->landed[entry] = 0;
+    if (e.index != i || e.check != (i ^ RD_CTRL_MAGIC) || (e.slot >> 3) >= RD_RECV_REQS ||
+        (e.slot & 7) >= FAB_MAX_RECVS || e.size > c->max_bytes || s->nann >= RD_SLOTS) {
+      rd_protocol_error(c, "a malformed buffer announcement (wrong number, checksum, slot or size)");
+      return;
+    }
+    s->ann[s->nann++] = (rd_ann){.win = {.addr = e.addr, .len = e.size, .key = e.key},
+                                 .index = e.index, .tag = e.tag, .slot = e.slot};
+    s->next_index = i + 1;
+  }
+}
+
+void rd_send_landed(fab_comm* c, uint32_t entry) {
+  if (entry >= RD_SLOTS) {
+    rd_protocol_error(c, "an announcement names a mailbox entry out of range");
+    return;
+  }
+  rd_scomm* s = rd_s(c);
+  s->landed[entry] = 1;
+  if (c->error != FAB_OK) return;
+  consume(c);
+  if (s->nwait) post_waiting(c);
+}
+
+/* Waiting sends whose write could not be posted (EAGAIN) are retried. */
+void rd_send_progress(fab_comm* c) {
+  rd_scomm* s = rd_s(c);
+  if (atomic_load_explicit(&s->nwait_hint, memory_order_relaxed) == 0) return;
+  pthread_mutex_lock(&c->ep->lock);
+  if (c->error == FAB_OK) post_waiting(c);
+  atomic_store_explicit(&s->nwait_hint, s->nwait, memory_order_relaxed);
+  pthread_mutex_unlock(&c->ep->lock);
+}
+
 fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, void** request) {
   rd_scomm* s = rd_s(c);
   *request = NULL;
-  if (FAB_UNLIKELY(s->nwait >= RD_SEND_REQS)) return FAB_OK;
   fab_req* r = fab_req_get(c, FAB_REQ_SEND, 1, 1);
   if (FAB_UNLIKELY(!r)) return FAB_OK; /* all requests in flight: NCCL retries */
   rd_sreq* q = rd_sq(r);
@@ -125,25 +145,26 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   q->data = data;
   q->desc = mr ? mr->desc : NULL;
   q->matched = 0;
-  if (consume(c) != 0) {
+  fab_endpoint* ep = c->ep;
+  pthread_mutex_lock(&ep->lock);
+  if (FAB_UNLIKELY(c->error != FAB_OK)) {
+    pthread_mutex_unlock(&ep->lock);
     fab_req_put(r);
     FAB_WARN("isend of %zu bytes (tag %d) to %s: %s", size, tag, c->peer_name, c->error_why);
     return c->error;
   }
-  if (s->nwait == 0 && take(s, tag, &q->target)) {
-    q->matched = 1;
-    ssize_t rc = post(c, r);
-    if (FAB_LIKELY(rc != -FI_EAGAIN)) {
-      *request = r; /* done, posted, or failed: test reports which */
-      return FAB_OK;
-    }
+  if (s->nwait == 0 && take(s, tag, &q->target)) q->matched = 1;
+  if (!q->matched || post(c, r) == -FI_EAGAIN) {
+    s->wait[s->nwait++] = r;
+    atomic_store_explicit(&s->nwait_hint, s->nwait, memory_order_relaxed);
   }
-  s->wait[s->nwait++] = r;
-  *request = r;
+  pthread_mutex_unlock(&ep->lock);
+  *request = r; /* done, posted, waiting or failed: test reports which */
   return FAB_OK;
 }
 
-/* Sends not posted yet end with the comm (close) or its failure. */
+/* Sends not posted yet end with the connection's failure. ep lock held, or
+ * taken here (give_up). */
 static void drop_waiting(fab_comm* c, fab_req* only) {
   rd_scomm* s = rd_s(c);
   uint32_t kept = 0;
@@ -157,7 +178,19 @@ static void drop_waiting(fab_comm* c, fab_req* only) {
     fab_req_op_done(r, 0);
   }
   s->nwait = kept;
+  atomic_store_explicit(&s->nwait_hint, kept, memory_order_relaxed);
 }
 
-void rd_send_cancel(fab_comm* c) { drop_waiting(c, NULL); }
-void rd_send_give_up(fab_req* r) { drop_waiting(r->comm, r); }
+/* Close: like a send already handed to the provider, a waiting send is still
+ * delivered once its buffer is announced (the closed comm stays parked until
+ * then); only a failed connection drops them. */
+void rd_send_cancel(fab_comm* c) {
+  if (c->error != FAB_OK) drop_waiting(c, NULL);
+}
+
+void rd_send_give_up(fab_req* r) {
+  fab_comm* c = r->comm;
+  pthread_mutex_lock(&c->ep->lock);
+  drop_waiting(c, r);
+  pthread_mutex_unlock(&c->ep->lock);
+}

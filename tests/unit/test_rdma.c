@@ -1,0 +1,311 @@
+/*
+ * The rdma transport and the core's one-sided operations against bad input,
+ * in one process over loopback (tcp;ofi_rxm and shm): forged remote CQ data
+ * and mailbox entries play the hostile peer, through the very handler a
+ * peer's write reaches. Each case checks the error, the one WARN, and that no
+ * byte was written where it must not be.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_conn.h"
+#include "fab_mr.h"
+#include "fab_rma.h"
+#include "rdma/rd.h"
+#include "unit_util.h"
+
+static const fab_api* api = &fab_api_core;
+
+typedef struct conn {
+  fab_ctx* ctx;
+  void *s, *r, *l;
+  fab_comm *sc, *rc;
+} conn;
+
+static void open_conn(const char* prov, conn* c) {
+  ut_use_provider(prov);
+  setenv("FABRIC_TRANSPORT", "rdma", 1);
+  cr_assert_eq(api->init(&c->ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_assert_eq(fab_g.devs[0]->ops, &fab_rdma_ops, "FABRIC_TRANSPORT=rdma runs the rdma transport");
+  unsigned char h[FAB_HANDLE_SIZE];
+  cr_assert_eq(api->listen(c->ctx, 0, h, &c->l), FAB_OK);
+  c->s = c->r = NULL;
+  for (int64_t end = ut_now_ms() + 20000; !c->s || !c->r;) {
+    cr_assert_lt(ut_now_ms(), end, "loopback connect timed out");
+    if (!c->s) cr_assert_eq(api->connect(c->ctx, 0, NULL, h, &c->s, NULL), FAB_OK);
+    if (!c->r) cr_assert_eq(api->accept(c->l, &c->r, NULL), FAB_OK);
+  }
+  c->sc = fab_obj_get(c->s, FAB_OBJ_SEND);
+  c->rc = fab_obj_get(c->r, FAB_OBJ_RECV);
+}
+
+static void close_conn(conn* c) {
+  cr_assert_eq(api->close_send(c->s), FAB_OK);
+  cr_assert_eq(api->close_recv(c->r), FAB_OK);
+  cr_assert_eq(api->close_listen(c->l), FAB_OK);
+  cr_assert_eq(api->finalize(c->ctx), FAB_OK);
+}
+
+/* What a peer's write with remote CQ data looks like to our endpoint. */
+static void forge(fab_comm* target, uint64_t data) {
+  fab_endpoint* ep = target->ep;
+  fab_cqe e = {.op_context = NULL, .flags = FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA, .data = data};
+  pthread_mutex_lock(&ep->lock);
+  ep->dev->remote_data(ep, &e);
+  pthread_mutex_unlock(&ep->lock);
+}
+
+static void* post_recv(conn* c, void* buf, size_t size, void* mh, int tag) {
+  void* q = NULL;
+  for (int64_t end = ut_now_ms() + 5000; !q;) {
+    cr_assert_lt(ut_now_ms(), end);
+    cr_assert_eq(api->irecv(c->r, 1, &buf, &size, &tag, &mh, NULL, &q), FAB_OK);
+  }
+  return q;
+}
+
+static fab_result wait_req(void* q, int* size) {
+  int done = 0;
+  fab_result rc = FAB_OK;
+  for (int64_t end = ut_now_ms() + 20000; !done && rc == FAB_OK;) {
+    cr_assert_lt(ut_now_ms(), end, "request never completed");
+    rc = api->test(q, &done, size);
+  }
+  return rc;
+}
+
+enum { LEN = 4096 };
+
+/* Forged data completions: every field is checked against what was
+ * announced; a violation fails the connection with one WARN and writes
+ * nothing. */
+static void forged_data(const char* prov) {
+  conn c;
+  open_conn(prov, &c);
+  char* rb = malloc(LEN);
+  memset(rb, 0x5a, LEN);
+  void* rmh;
+  cr_assert_eq(api->reg_mr(c.r, rb, LEN, FAB_PTR_HOST, &rmh), FAB_OK);
+  void* q = post_recv(&c, rb, 64, rmh, 7);
+  fab_req* r = q;
+  uint32_t id = c.rc->local_id;
+  ut_reset_warns();
+  forge(c.rc, rd_cq_data(RD_DATA, id + 1000, 0, 8)); /* no such connection (closed meanwhile): ignored */
+  cr_assert_eq(ut_warns(), 0, "a write for a closed connection is not an error");
+  cr_assert_eq(c.rc->error, FAB_OK, "a write naming another connection does not fail this one");
+  ut_reset_warns();
+  forge(c.rc, rd_cq_data(RD_DATA, id, (r->pool_index << 3) | 5, 8)); /* buffer 5 of a 1-buffer receive */
+  cr_assert_eq(ut_warns(), 1);
+  cr_assert_eq(c.rc->error, FAB_ERR_REMOTE, "a write naming a buffer that is not posted fails the connection");
+  forge(c.rc, rd_cq_data(RD_DATA, id, r->pool_index << 3, 65)); /* larger than the buffer */
+  forge(c.rc, rd_cq_data(RD_DATA, id, 40 << 3, 8));              /* a request never used */
+  cr_assert_eq(ut_warns(), 1, "a failed connection does not log every further forgery");
+  for (int i = 0; i < LEN; i++) cr_assert_eq((unsigned char)rb[i], 0x5a, "byte %d was written", i);
+  int done = 0;
+  cr_assert_neq(api->test(q, &done, NULL), FAB_OK, "the pending receive reports the failure");
+  cr_assert_eq(done, 1);
+  void* q2 = NULL;
+  cr_assert_neq(api->irecv(c.r, 1, (void*[]){rb}, (size_t[]){8}, (int[]){1}, &rmh, NULL, &q2), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
+  free(rb);
+}
+
+Test(rdma, forged_data_tcp) { forged_data("tcp"); }
+Test(rdma, forged_data_shm) { forged_data("shm"); }
+
+/* A duplicate completion for a buffer already complete is a protocol error. */
+static void duplicate_data(const char* prov) {
+  conn c;
+  open_conn(prov, &c);
+  char *sb = calloc(1, LEN), *rb = calloc(1, LEN);
+  void *smh, *rmh, *sq = NULL;
+  cr_assert_eq(api->reg_mr(c.s, sb, LEN, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, LEN, FAB_PTR_HOST, &rmh), FAB_OK);
+  void* rq = post_recv(&c, rb, LEN, rmh, 3);
+  uint32_t slot = ((fab_req*)rq)->pool_index << 3;
+  memset(sb, 0x11, LEN);
+  while (!sq) cr_assert_eq(api->isend(c.s, sb, 100, 3, smh, NULL, &sq), FAB_OK);
+  int got = -1;
+  cr_assert_eq(wait_req(rq, &got), FAB_OK);
+  cr_assert_eq(got, 100);
+  cr_assert_eq(wait_req(sq, NULL), FAB_OK);
+  ut_reset_warns();
+  forge(c.rc, rd_cq_data(RD_DATA, c.rc->local_id, slot, 100));
+  cr_assert_eq(ut_warns(), 1);
+  cr_assert_eq(c.rc->error, FAB_ERR_REMOTE, "a second write for a completed receive fails the connection");
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
+  free(sb);
+  free(rb);
+}
+
+Test(rdma, duplicate_data_tcp) { duplicate_data("tcp"); }
+Test(rdma, duplicate_data_shm) { duplicate_data("shm"); }
+
+/* A forged announcement in the sender's mailbox (wrong number, or a slot out
+ * of range) fails the send with one WARN; nothing is written. */
+static void forged_announcement(const char* prov, int which) {
+  conn c;
+  open_conn(prov, &c);
+  char* sb = calloc(1, LEN);
+  void *smh, *sq = NULL;
+  cr_assert_eq(api->reg_mr(c.s, sb, LEN, FAB_PTR_HOST, &smh), FAB_OK);
+  rd_scomm* s = fab_comm_tp(c.sc);
+  rd_ctrl bad = {.addr = 0x1000, .key = 1, .size = 64, .index = 0, .tag = 1, .slot = 0, .check = RD_CTRL_MAGIC};
+  if (which == 0) bad.index = 5;                  /* not the announcement the mailbox expects */
+  if (which == 1) bad.slot = RD_RECV_REQS << 3;   /* no such receive */
+  if (which == 2) bad.check ^= 1;                 /* garbage */
+  s->box[0] = bad;
+  ut_reset_warns();
+  forge(c.sc, rd_cq_data(RD_CTRL, c.sc->local_id, 0, 0));
+  forge(c.sc, rd_cq_data(RD_CTRL, c.sc->local_id, 0, RD_SLOTS)); /* a mailbox entry out of range */
+  cr_assert_eq(ut_warns(), 1, "the connection fails with one WARN");
+  cr_assert_eq(c.sc->error, FAB_ERR_REMOTE);
+  ut_reset_warns();
+  fab_result rc = api->isend(c.s, sb, 64, 1, smh, NULL, &sq);
+  cr_assert_neq(rc, FAB_OK, "a send on a connection whose peer broke the protocol fails");
+  cr_assert_eq(sq, NULL);
+  cr_assert_eq(ut_warns(), 1);
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  close_conn(&c);
+  free(sb);
+}
+
+/* The malformed entry itself, seen when the sender consumes it. */
+static void forged_entry(const char* prov, int which) {
+  conn c;
+  open_conn(prov, &c);
+  char* sb = calloc(1, LEN);
+  void *smh, *sq = NULL;
+  cr_assert_eq(api->reg_mr(c.s, sb, LEN, FAB_PTR_HOST, &smh), FAB_OK);
+  rd_scomm* s = fab_comm_tp(c.sc);
+  rd_ctrl bad = {.addr = 0x1000, .key = 1, .size = 64, .index = 0, .tag = 1, .slot = 0, .check = RD_CTRL_MAGIC};
+  if (which == 0) bad.index = 5, bad.check = 5 ^ RD_CTRL_MAGIC;
+  if (which == 1) bad.slot = RD_RECV_REQS << 3;
+  if (which == 2) bad.check ^= 1;
+  if (which == 3) bad.size = (uint64_t)1 << 40;
+  s->box[0] = bad;
+  ut_reset_warns();
+  forge(c.sc, rd_cq_data(RD_CTRL, c.sc->local_id, 0, 0));
+  fab_result rc = api->isend(c.s, sb, 64, 1, smh, NULL, &sq);
+  cr_assert_neq(rc, FAB_OK, "a malformed announcement (case %d) fails the send", which);
+  cr_assert_eq(sq, NULL, "nothing was posted");
+  cr_assert_eq(ut_warns(), 2, "one WARN for the protocol error, one for the send");
+  cr_assert_eq(c.sc->error, FAB_ERR_REMOTE);
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  close_conn(&c);
+  free(sb);
+}
+
+Test(rdma, forged_announcement_tcp) { forged_announcement("tcp", 0); }
+Test(rdma, forged_announcement_shm) { forged_announcement("shm", 0); }
+Test(rdma, forged_entry_number) { forged_entry("tcp", 0); }
+Test(rdma, forged_entry_slot) { forged_entry("shm", 1); }
+Test(rdma, forged_entry_checksum) { forged_entry("tcp", 2); }
+Test(rdma, forged_entry_size) { forged_entry("shm", 3); }
+
+/* A send larger than its receive: nothing is written, both sides fail as
+ * truncated with one WARN each, and the connection goes on. */
+static void truncation(const char* prov) {
+  conn c;
+  open_conn(prov, &c);
+  char *sb = malloc(LEN), *rb = malloc(LEN);
+  memset(sb, 0x11, LEN);
+  memset(rb, 0x5a, LEN);
+  void *smh, *rmh, *sq = NULL;
+  cr_assert_eq(api->reg_mr(c.s, sb, LEN, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, LEN, FAB_PTR_HOST, &rmh), FAB_OK);
+  void* rq = post_recv(&c, rb, 50, rmh, 4);
+  while (!sq) cr_assert_eq(api->isend(c.s, sb, 100, 4, smh, NULL, &sq), FAB_OK);
+  ut_reset_warns();
+  cr_assert_eq(wait_req(sq, NULL), FAB_ERR_INVALID_USAGE, "the send is refused");
+  cr_assert_eq(wait_req(rq, NULL), FAB_ERR_INVALID_USAGE, "the receive reports truncation");
+  cr_assert_eq(ut_warns(), 2);
+  for (int i = 0; i < LEN; i++) cr_assert_eq((unsigned char)rb[i], 0x5a, "byte %d was written", i);
+  /* the next message of the connection is delivered intact */
+  rq = post_recv(&c, rb, LEN, rmh, 4);
+  sq = NULL;
+  while (!sq) cr_assert_eq(api->isend(c.s, sb, 100, 4, smh, NULL, &sq), FAB_OK);
+  int got = -1;
+  cr_assert_eq(wait_req(rq, &got), FAB_OK);
+  cr_assert_eq(wait_req(sq, NULL), FAB_OK);
+  cr_assert_eq(got, 100);
+  cr_assert_eq((unsigned char)rb[99], 0x11);
+  cr_assert_eq((unsigned char)rb[100], 0x5a);
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
+  free(sb);
+  free(rb);
+}
+
+Test(rdma, truncation_tcp) { truncation("tcp"); }
+Test(rdma, truncation_shm) { truncation("shm"); }
+
+/* The rdma transport writes into registered receive buffers only: a receive
+ * without a memory handle is refused before anything is announced. */
+Test(rdma, receive_needs_registration) {
+  conn c;
+  open_conn("tcp", &c);
+  char rb[64];
+  void* q = NULL;
+  ut_reset_warns();
+  cr_assert_neq(api->irecv(c.r, 1, (void*[]){rb}, (size_t[]){64}, (int[]){1}, NULL, NULL, &q), FAB_OK);
+  cr_assert_eq(q, NULL);
+  cr_assert_eq(ut_warns(), 1);
+  close_conn(&c);
+}
+
+/* Both ends must run the same transport: a connect request naming another
+ * one is refused, and the connector fails at once with a WARN naming both. */
+Test(rdma, transport_mismatch) {
+  ut_use_provider("tcp");
+  setenv("FABRIC_TRANSPORT", "rdma", 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  unsigned char h[FAB_HANDLE_SIZE];
+  void *l, *s = NULL, *r = NULL;
+  cr_assert_eq(api->listen(ctx, 0, h, &l), FAB_OK);
+  cr_assert_eq(api->connect(ctx, 0, NULL, h, &s, NULL), FAB_OK); /* the request names rdma */
+  fab_device* d = fab_g.devs[0];
+  ut_reset_warns();
+  fab_result rc = FAB_OK;
+  for (int64_t end = ut_now_ms() + 10000; rc == FAB_OK && !s;) {
+    cr_assert_lt(ut_now_ms(), end, "a transport mismatch must not hang");
+    d->ops = &fab_sendrecv_ops; /* the listener's side runs sendrecv */
+    cr_assert_eq(api->accept(l, &r, NULL), FAB_OK);
+    d->ops = &fab_rdma_ops;
+    cr_assert_eq(r, NULL, "the mismatched request is refused");
+    rc = api->connect(ctx, 0, NULL, h, &s, NULL);
+  }
+  cr_assert_eq(rc, FAB_ERR_INVALID_USAGE);
+  cr_assert_eq(s, NULL);
+  cr_assert_eq(ut_warns(), 2, "one WARN on each side");
+  cr_assert_eq(api->close_listen(l), FAB_OK);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+}
+
+/* The core's window check: nothing outside [0, len) of a window is posted. */
+Test(rma, window_bounds) {
+  fab_window w = {.addr = 0x10000, .len = 4096, .key = 9};
+  cr_assert(fab_window_covers(&w, 0, 4096));
+  cr_assert(fab_window_covers(&w, 4096, 0));
+  cr_assert(!fab_window_covers(&w, 1, 4096));
+  cr_assert(!fab_window_covers(&w, 4097, 0));
+  cr_assert(!fab_window_covers(&w, UINT64_MAX, 2), "offset + length wrapping around");
+  cr_assert(!fab_window_covers(&w, 2, UINT64_MAX));
+  conn c;
+  open_conn("tcp", &c);
+  char buf[64];
+  fab_op op;
+  memset(&op, 0, sizeof(op));
+  fab_endpoint* ep = c.sc->ep;
+  cr_assert_eq(fab_rma_writedata(ep, c.sc->peer, buf, 64, NULL, &w, 4090, 0, &op), -FI_EINVAL);
+  cr_assert_eq(fab_rma_write(ep, c.sc->peer, buf, 64, NULL, &w, 4033, &op), -FI_EINVAL);
+  cr_assert_eq(fab_rma_read(ep, c.sc->peer, buf, 64, NULL, &w, 1ull << 63, &op), -FI_EINVAL);
+  cr_assert_eq(fab_rma_inject_writedata(ep, c.sc->peer, buf, 8, &w, 4089, 0), -FI_EINVAL);
+  close_conn(&c);
+}
