@@ -129,7 +129,8 @@ void fab_comm_endpoint_teardown(fab_endpoint* ep);
 fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, fab_ctx* owner,
                          const fab_comm_config* config);
 uint32_t fab_conn_id_next(fab_endpoint* ep);
-/* Sends an answer refusing a connect request; best effort. ep lock held. */
+/* fab_ctrl.c: sends an answer refusing a connect request; best effort. ep
+ * lock held. */
 void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status);
 /* Takes a pending connect off home->connects (home lock held, not ep's):
  * frees it now or parks it until its operations complete; after a failure
@@ -142,10 +143,15 @@ int fab_comm_close_owned(fab_endpoint* home, fab_ctx* owner);
 int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner);
 int fab_connect_drop_owned(fab_endpoint* home, fab_ctx* owner);
 
-/* fab_listen.c */
+/* fab_ctrl.c */
 void fab_listen_teardown(fab_endpoint* ep);
 /* Posts the endpoint's control receives (connect requests and liveness
  * probes); once, when the endpoint is created. */
 fab_result fab_ctrl_rx_setup(fab_endpoint* ep);
+/* The listener with this id on ep, or NULL. ep lock held. */
+fab_listener* fab_listener_find(fab_endpoint* ep, uint64_t id);
+/* Unlinks and frees a listener; refuse: answer its queued requests "no
+ * listener". ep lock held. */
+void fab_listener_free_locked(fab_listener* l, int refuse);
 
 #endif /* FAB_CONN_H */

@@ -6,20 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-void rd_poll(fab_comm* c) {
-  fab_ep_poll(c->ep);
-  if (FAB_UNLIKELY(c->home != NULL)) fab_ep_poll(c->home);
-}
-
-void rd_protocol_error(fab_comm* c, const char* what) {
-  if (c->error != FAB_OK) return; /* one WARN per connection: a flood of garbage logs once */
-  char why[160];
-  snprintf(why, sizeof(why), "the peer broke the rdma protocol: %s", what);
-  FAB_WARN("connection to %s failed: %s; nothing was written outside a registered buffer. Check that both ranks run "
-           "the same plugin build", c->peer_name, why);
-  fab_comm_fail(c, FAB_ERR_REMOTE, why);
-}
-
 /* --- comm lifetime and handshake ------------------------------------------------ */
 
 static fab_result rd_comm_init(fab_comm* c) {

@@ -1,0 +1,154 @@
+/* Every endpoint's control receives (connect requests and liveness probes),
+ * their delivery to listeners' queues, refusals, and the listeners' share of
+ * endpoint teardown. Below fab_listen.c: it knows listeners only as data. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_conn.h"
+#include "fab_transport.h"
+
+/* --- refusals: best-effort answers that free themselves ------------------- */
+
+typedef struct refusal {
+  fab_parked park;
+  fab_op op;
+  fab_wire_accept msg;
+  struct fid_mr* mr;
+  fab_endpoint* ep;
+  fi_addr_t peer;
+} refusal;
+
+static void refusal_destroy(fab_parked* p) {
+  refusal* r = FAB_CONTAINER_OF(p, refusal, park);
+  fab_ep_ctrl_dereg(r->mr);
+  fab_ep_av_release(r->ep, r->peer);
+  free(r);
+}
+
+static void refusal_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  refusal* r = op->owner;
+  fab_list_del(&r->park.node);
+  refusal_destroy(&r->park);
+}
+
+void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status) {
+  fi_addr_t peer;
+  if (fab_ep_av_insert(ep, req->addr, req->addr_len, &peer) != 0) return;
+  refusal* r = calloc(1, sizeof(*r));
+  if (!r) {
+    fab_ep_av_release(ep, peer);
+    return;
+  }
+  r->ep = ep;
+  r->peer = peer;
+  r->park.destroy = refusal_destroy;
+  fab_op_init(&r->op, refusal_done, r, 0);
+  fab_wire_tp tp = {.transport = ep->dev->ops->id}; /* tells a connector on another transport which */
+  fab_wire_accept_encode(&r->msg, status, req->listen_id, req->connector_id, 0, &tp);
+  void* desc;
+  if (fab_ep_ctrl_reg(ep, &r->msg, sizeof(r->msg), &r->mr, &desc) != 0 ||
+      fi_tsend(ep->ep, &r->msg, sizeof(r->msg), desc, peer, fab_tag_accept(&ep->dev->tags, req->connector_id),
+               &r->op.ctx) != 0) {
+    refusal_destroy(&r->park);
+    return;
+  }
+  fab_ep_park(ep, &r->park);
+}
+
+/* --- connect-request receives ----------------------------------------------- */
+
+fab_listener* fab_listener_find(fab_endpoint* ep, uint64_t id) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->listens) {
+    fab_listener* l = FAB_CONTAINER_OF(it, fab_listener, node);
+    if (l->listen_id == id) return l;
+  }
+  return NULL;
+}
+
+static int ctrl_rx_post(fab_ctrl_rx* rx) {
+  fab_endpoint* ep = rx->ep;
+  return (int)fi_recv(ep->ep, &rx->msg, sizeof(rx->msg), rx->desc, FI_ADDR_UNSPEC, &rx->op.ctx);
+}
+
+static void ctrl_rx_deliver(fab_endpoint* ep, const fab_wire_connect* raw, size_t len) {
+  if (len == 0) return; /* a liveness probe: its delivery is all the sender wanted */
+  fab_wire_connect m;
+  char why[160];
+  if (fab_wire_connect_decode(raw, len, &m, why, sizeof(why)) != 0) {
+    FAB_WARN("ignored a malformed connect request on %s: %s (a foreign or corrupted sender)", ep->dev->name, why);
+    return;
+  }
+  fab_listener* l = fab_listener_find(ep, m.listen_id);
+  fab_conn_request* q = l ? malloc(sizeof(*q)) : NULL;
+  if (!q) {
+    fab_conn_refuse(ep, &m, FAB_ACCEPT_NO_LISTENER);
+    return;
+  }
+  q->msg = m;
+  fab_list_push(&l->queue, &q->node);
+}
+
+static void ctrl_rx_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  fab_ctrl_rx* rx = op->owner;
+  fab_endpoint* ep = rx->ep;
+  if (err && err->err == FI_ECANCELED) return;
+  if (done) {
+    ctrl_rx_deliver(ep, &rx->msg, done->len);
+  } else if (err->err == FI_ETRUNC) {
+    FAB_WARN("ignored an oversized connect request on %s (%zu bytes too many)", ep->dev->name, err->olen);
+  }
+  int rc = ctrl_rx_post(rx);
+  if (rc != 0) {
+    FAB_WARN("re-posting a connect-request receive on %s failed: %s; this endpoint accepts fewer connections at "
+             "once", ep->dev->name, fi_strerror(-rc));
+  }
+}
+
+fab_result fab_ctrl_rx_setup(fab_endpoint* ep) {
+  if (ep->ctrl_rx) return FAB_OK;
+  fab_ctrl_rx* rx = calloc(FAB_CTRL_RX, sizeof(*rx));
+  if (!rx) {
+    FAB_WARN("out of memory creating an endpoint on %s", ep->dev->name);
+    return FAB_ERR_SYSTEM;
+  }
+  int posted = 0, rc = 0;
+  for (int i = 0; i < FAB_CTRL_RX && rc == 0; i++) {
+    rx[i].ep = ep;
+    fab_op_init(&rx[i].op, ctrl_rx_done, &rx[i], (uint32_t)i);
+    rc = fab_ep_ctrl_reg(ep, &rx[i].msg, sizeof(rx[i].msg), &rx[i].mr, &rx[i].desc);
+    if (rc == 0) rc = ctrl_rx_post(&rx[i]);
+    if (rc == 0) posted++;
+  }
+  ep->ctrl_rx = rx; /* freed at endpoint teardown, after the endpoint is closed */
+  if (posted == 0) {
+    FAB_WARN("posting connect-request receives on %s failed: %s", ep->dev->name, fi_strerror(-rc));
+    return FAB_ERR_SYSTEM;
+  }
+  return FAB_OK;
+}
+
+void fab_listener_free_locked(fab_listener* l, int refuse) {
+  fab_list_del(&l->node);
+  for (fab_list* n; (n = fab_list_pop(&l->queue));) {
+    fab_conn_request* q = FAB_CONTAINER_OF(n, fab_conn_request, node);
+    if (refuse) fab_conn_refuse(l->ep, &q->msg, FAB_ACCEPT_NO_LISTENER);
+    free(q);
+  }
+  if (l->accepting) fab_comm_free(l->accepting); /* nothing of it was posted */
+  l->magic = 0;
+  free(l);
+}
+
+void fab_listen_teardown(fab_endpoint* ep) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->listens) {
+    fab_listener* l = FAB_CONTAINER_OF(it, fab_listener, node);
+    fab_obj_remove(l->handle, FAB_OBJ_LISTEN);
+    fab_listener_free_locked(l, 0);
+  }
+  if (ep->ctrl_rx) {
+    for (int i = 0; i < FAB_CTRL_RX; i++) fab_ep_ctrl_dereg(ep->ctrl_rx[i].mr);
+    free(ep->ctrl_rx);
+    ep->ctrl_rx = NULL;
+  }
+}
