@@ -8,9 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifdef FT_HAVE_DRIVERS
 #include "fab_drivers.h"
-#endif
 #ifdef FT_WITH_CORE
 extern const fab_api fab_api_core;
 #endif
@@ -47,16 +45,12 @@ static void bind_version(ft_lib* lib, int version) {
   dlerror();
   void* table = dlsym(lib->dl, lib->desc);
   if (!table) FT_FAIL("%s does not export %s: %s", ft_plugin_path(), lib->desc, dlerror());
-#ifdef FT_HAVE_DRIVERS
   memset(&lib->api, 0, sizeof lib->api);
   int rc = fab_driver_bind(lib->desc, table, &lib->api);
   if (rc != 0) FT_FAIL("fab_driver_bind(%s) failed (%d)", lib->desc, rc);
   lib->version = version;
   if (lib->api.version != version)
     FT_FAIL("driver for %s reports version %d", lib->desc, lib->api.version);
-#else
-  FT_FAIL("this test binary was built without the generated drivers; cannot call through %s", lib->desc);
-#endif
 }
 
 void ft_lib_open(ft_lib* lib, int version) {
