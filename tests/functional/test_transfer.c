@@ -395,8 +395,9 @@ FT_PAIR_TEST(comm_independence, 60) {
   ft_sync(peer, "early send posted", T_MS);
   ft_phase("comm 1: traffic while comm 0 waits for its receiver");
   ft_set_note("HEAD-OF-LINE BLOCKING across comms: comm 1 cannot move data while comm 0 has a send its receiver "
-              "has not asked for yet. ENGINE BUG (reported) with FI_PROVIDER=shm: the engine opens shm's FI_HMEM "
-              "entry, whose protocol refuses (EAGAIN) every later send to the peer behind an unmatched large one");
+              "has not asked for yet. On shm this happened when the engine opened shm's FI_HMEM entry, whose "
+              "protocol refuses (EAGAIN) every later send to the peer behind an unmatched large one "
+              "(docs/known-bugs.md, Fixed)");
   ft_exchange(&s, &c[1], 4096, 1501, STEP_MS);
   ft_exchange(&s, &c[1], BIG, 1502, STEP_MS);
   ft_set_note(NULL);
