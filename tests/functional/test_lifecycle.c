@@ -1,5 +1,7 @@
 /*
- * 7. init/finalize and library lifetime; 8. a peer that dies mid-transfer.
+ * 7. init/finalize and library lifetime: two contexts, reloads, finalize with
+ * comms open, connect/close cycles, stale shm regions; 8. a peer that dies
+ * mid-transfer.
  */
 #include <dlfcn.h>
 #include <sched.h>
@@ -99,6 +101,157 @@ FT_PAIR_TEST(dlopen_cycle, 90) {
     fprintf(stderr, "[dlopen_cycle %s] note: the library stayed mapped after dlclose (RTLD_NODELETE or a unique "
                     "symbol?); the reload path was not really exercised\n", ft_role_name());
   FT_CHECK(!ft_leak_check(), "LeakSanitizer found leaks after three load/unload cycles");
+}
+
+/* finalize of a context with what NCCL may leave when it gives up: comms, a
+ * posted receive, a send the peer never receives, registrations. finalize
+ * closes all of it; its comm and request handles are refused afterwards
+ * (never used), its registrations stay valid until deregistered (they belong
+ * to the device), and a second context on the same endpoint keeps working
+ * without a WARN. Then the last context is finalized with its comms open
+ * too: with the engine down, stale handles are still refused. v11+ and the
+ * core: older versions have no finalize. */
+static void finalize_open_body(ft_peer* peer, void* arg) {
+  enum { LEN = 1 << 20 };
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_side s2 = s;
+  FT_OK(s2.api->init(&s2.ctx, 0x5eed, &s2.config, ft_logger, NULL));
+  ft_conn c1, c2;
+  ft_connect_all(&s, &c1, 1, T_MS);
+  ft_connect_all(&s2, &c2, 1, T_MS);
+  ft_mr sm, rm;
+  ft_mr_alloc(&s, &sm, c1.send_comm, LEN);
+  ft_mr_alloc(&s, &rm, c1.recv_comm, LEN);
+  void* d = rm.buf;
+  size_t len = LEN;
+  int tag = 5;
+  (void)ft_irecv(&s, c1.recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS); /* never matched */
+  void* sreq = ft_isend(&s, c1.send_comm, sm.buf, 100, 6, sm.mh, T_MS); /* never received */
+  ft_sync(peer, "left open", T_MS);
+
+  ft_phase("finalize the first context with its comms open");
+  FT_OK(s.api->finalize(s.ctx));
+  void* q = (void*)0x1;
+  int done = 0;
+  FT_EXPECT_ERROR(s.api->isend(c1.send_comm, sm.buf, 8, 1, sm.mh, NULL, &q));
+  FT_CHECK(q == NULL, "isend on a comm finalize closed left %p in *request", q);
+  FT_EXPECT_ERROR(s.api->test(sreq, &done, NULL));
+  FT_EXPECT_ERROR(s.api->close_recv(c1.recv_comm));
+  /* Registrations belong to the device, not to a context (regIsGlobal): they
+   * outlive this one, and NCCL may still deregister them. */
+  FT_OK(s.api->dereg_mr(c1.send_comm, sm.mh));
+  FT_OK(s.api->dereg_mr(c1.recv_comm, rm.mh));
+
+  ft_phase("the second context after the first was finalized");
+  int w0 = ft_log_warns();
+  for (int i = 0; i < 4; i++) ft_exchange(&s2, &c2, 65536, 1600 + (uint64_t)i, T_MS);
+  FT_CHECK(ft_log_warns() == w0, "%d WARN lines in the surviving context; last: %s", ft_log_warns() - w0,
+           ft_log_last_warn());
+  ft_mr m2;
+  ft_mr_alloc(&s2, &m2, c2.send_comm, 4096);
+  ft_sync(peer, "second context done", T_MS);
+
+  ft_phase("finalize the last context with its comms open");
+  FT_OK(s2.api->finalize(s2.ctx));
+  /* The engine is down, its logger with it: no WARN count to check. */
+  q = (void*)0x1;
+  FT_CHECK(s2.api->isend(c2.send_comm, m2.buf, 8, 1, m2.mh, NULL, &q) != FAB_OK && q == NULL,
+           "isend on a comm of a finalized engine");
+  FT_CHECK(s2.api->close_recv(c2.recv_comm) != FAB_OK, "closeRecv after the last finalize");
+  FT_CHECK(s2.api->dereg_mr(c2.send_comm, m2.mh) != FAB_OK, "deregMr after the last finalize");
+  FT_CHECK(s2.api->test(NULL, &done, NULL) != FAB_OK, "test(NULL) after the last finalize");
+  s.inited = 0; /* both finalized: ft_side_close only unloads */
+  ft_side_close(&s);
+  ft_free(sm.buf, sm.len);
+  ft_free(rm.buf, rm.len);
+  ft_free(m2.buf, m2.len);
+}
+
+Test(functional, finalize_with_open_comms, .init = ft_test_init, .timeout = 90) {
+  if (!ft_version_has_ctx(ft_api_selected())) cr_skip_test("v6..v10 have no finalize");
+  ft_run_pair("finalize_with_open_comms", finalize_open_body, NULL, 60);
+}
+
+/* Communicators come and go in a long-lived process: connect and close two
+ * comm pairs 300 times in one context, with traffic on some rounds. On shm
+ * the second send comm to a peer gets an endpoint (and an address) of its
+ * own, and an endpoint maps at most 256 peers: the addresses of closed comms
+ * must be released, or accept fails after about 255 rounds. A request of a
+ * closed comm is refused by test() with one WARN, never a fault. */
+FT_PAIR_TEST(connect_close_cycles, 120) {
+  enum { CYCLES = 300, LEN = 256 };
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  void* stale = NULL;
+  for (int cyc = 0; cyc < CYCLES; cyc++) {
+    ft_conn pair[2], c;
+    ft_connect_all(&s, pair, 2, T_MS);
+    c = pair[cyc % 2]; /* traffic on either */
+    if (cyc % 60 == 0 || cyc == CYCLES - 1) {
+      ft_mr sm, rm;
+      ft_mr_alloc(&s, &sm, c.send_comm, LEN);
+      ft_mr_alloc(&s, &rm, c.recv_comm, LEN);
+      ft_fill(sm.buf, LEN, ft_seed(1700, (uint64_t)ft_role(), (uint64_t)cyc));
+      size_t len = LEN;
+      int tag = cyc;
+      void* d = rm.buf;
+      void* reqs[2];
+      reqs[0] = ft_irecv(&s, c.recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS);
+      reqs[1] = ft_isend(&s, c.send_comm, sm.buf, LEN, tag, sm.mh, T_MS);
+      ft_wait_all(&s, reqs, 2, NULL, 0, T_MS, "a round's message");
+      ft_verify_or_fail(rm.buf, LEN, ft_seed(1700, (uint64_t)(1 - ft_role()), (uint64_t)cyc), "a round's message");
+      if (!stale) stale = reqs[1];
+      ft_mr_free(&s, &sm);
+      ft_mr_free(&s, &rm);
+    }
+    ft_sync(peer, "round done", T_MS);
+    ft_close_all(&s, pair, 2);
+    if (cyc == 0) {
+      int done = 0;
+      FT_EXPECT_ERROR(s.api->test(stale, &done, NULL));
+      FT_CHECK(!done, "test() of a closed comm's request reported it done");
+    }
+  }
+  int warns = ft_log_warns();
+  FT_CHECK(warns == 1, "%d WARN lines over %d rounds, one expected (the stale request); last: %s", warns, CYCLES,
+           ft_log_last_warn());
+  ft_side_close(&s);
+}
+
+/* shm: regions under /dev/shm that a killed process with our pid left behind,
+ * named as the shm provider names them by default (<pid>:<domain>:<endpoint>),
+ * must not keep our endpoints from opening: the engine names its endpoints
+ * itself. Each process blocks every such name it would be given first. */
+enum { STALE_DOMS = 4, STALE_EPS = 16 };
+
+static void stale_regions_body(ft_peer* peer, void* arg) {
+  static char paths[STALE_DOMS * STALE_EPS][64];
+  int planted = 0;
+  for (int d = 0; d < STALE_DOMS; d++)
+    for (int e = 0; e < STALE_EPS; e++) {
+      snprintf(paths[planted], sizeof paths[planted], "/dev/shm/%d:%d:%d", (int)getpid(), d, e);
+      FILE* f = fopen(paths[planted], "wx");
+      if (!f) continue; /* exists already: not ours to remove */
+      fputs("stale", f);
+      fclose(f);
+      planted++;
+    }
+  FT_CHECK(planted > 0, "could not plant stale regions under /dev/shm");
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  ft_exchange(&s, &c, 64, 1800, T_MS);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+  for (int i = 0; i < planted; i++) unlink(paths[i]);
+  FT_CHECK(ft_log_warns() == 0, "%d WARN lines; last: %s", ft_log_warns(), ft_log_last_warn());
+}
+
+Test(functional, stale_shm_regions_of_our_pid, .init = ft_test_init, .timeout = 60) {
+  if (!ft_provider_is("shm")) cr_skip_test("shm only: the regions are the shm provider's");
+  ft_run_pair("stale_shm_regions_of_our_pid", stale_regions_body, NULL, 40);
 }
 
 /* 8. The child dies (_exit, nothing closed) with a receive and an 8 MiB send
