@@ -2,9 +2,10 @@
 '<spec file>: <key path>: <what is wrong>' and writes nothing."""
 
 import os
+import re
 import unittest
 
-from spec_edit import TempDir, append, copy_specs, edit, run_generator
+from spec_edit import TOP, TempDir, append, copy_specs, edit, run_generator
 
 ISEND_TAG = '{ name = "tag", type = "int", conv = "copy", to = "tag" }'
 ISEND_SIZE_TYPE = 'type = { "-8" = "int", "9-" = "size_t" }, conv = { "-8" = "widen", "9-" = "copy" }, to = "size"'
@@ -153,6 +154,17 @@ class Check(unittest.TestCase):
     def test_checked_in_tree_is_fresh(self):
         rc, _, err = run_generator("--check")
         self.assertEqual(rc, 0, err)
+
+
+class PackageDoc(unittest.TestCase):
+    def test_module_list_names_every_module(self):
+        """fabgen/__init__.py's docstring lists each module of the package once."""
+        pkg = os.path.join(TOP, "codegen", "fabgen")
+        modules = sorted(f[:-3] for f in os.listdir(pkg) if f.endswith(".py") and f != "__init__.py")
+        with open(os.path.join(pkg, "__init__.py")) as f:
+            doc = f.read().split("Modules,", 1)[1]
+        listed = re.findall(r"^  (\w+) ", doc, re.M)
+        self.assertEqual(sorted(listed), modules)
 
 
 if __name__ == "__main__":

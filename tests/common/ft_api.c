@@ -8,9 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#ifdef FT_HAVE_DRIVERS
 #include "fab_drivers.h"
-#endif
 #ifdef FT_WITH_CORE
 extern const fab_api fab_api_core;
 #endif
@@ -47,16 +45,12 @@ static void bind_version(ft_lib* lib, int version) {
   dlerror();
   void* table = dlsym(lib->dl, lib->desc);
   if (!table) FT_FAIL("%s does not export %s: %s", ft_plugin_path(), lib->desc, dlerror());
-#ifdef FT_HAVE_DRIVERS
   memset(&lib->api, 0, sizeof lib->api);
   int rc = fab_driver_bind(lib->desc, table, &lib->api);
   if (rc != 0) FT_FAIL("fab_driver_bind(%s) failed (%d)", lib->desc, rc);
   lib->version = version;
   if (lib->api.version != version)
     FT_FAIL("driver for %s reports version %d", lib->desc, lib->api.version);
-#else
-  FT_FAIL("this test binary was built without the generated drivers; cannot call through %s", lib->desc);
-#endif
 }
 
 void ft_lib_open(ft_lib* lib, int version) {
@@ -272,17 +266,22 @@ void ft_wait_all(ft_side* s, void** reqs, int n, int* sizes, int sizes_stride, i
 }
 
 void ft_exchange(ft_side* s, ft_conn* c, size_t size, uint64_t seed, int timeout_ms) {
+  ft_exchange_into(s, c, size, size, seed, timeout_ms);
+}
+
+void ft_exchange_into(ft_side* s, ft_conn* c, size_t size, size_t recv_len, uint64_t seed, int timeout_ms) {
   enum { GUARD = 64 };
+  FT_CHECK(recv_len >= size, "a receive of %zu bytes for %zu", recv_len, size);
   ft_mr sm, rm;
   ft_phase("exchange %zu bytes: register", size);
   ft_mr_alloc(s, &sm, c->send_comm, size + GUARD);
-  ft_mr_alloc(s, &rm, c->recv_comm, size + GUARD);
+  ft_mr_alloc(s, &rm, c->recv_comm, recv_len + GUARD);
   uint64_t my_seed = ft_seed(seed, (uint64_t)ft_role(), size);
   uint64_t peer_seed = ft_seed(seed, (uint64_t)(1 - ft_role()), size);
   ft_fill(sm.buf, size, my_seed);
-  memset(rm.buf, FT_POISON, size + GUARD);
+  memset(rm.buf, FT_POISON, recv_len + GUARD);
   int tag = (int)(seed & 0x3fff) + 1;
-  size_t rsize = size;
+  size_t rsize = recv_len;
   void* rbuf = rm.buf;
   ft_phase("exchange %zu bytes: post", size);
   void* rreq = ft_irecv(s, c->recv_comm, 1, &rbuf, &rsize, &tag, &rm.mh, timeout_ms);
@@ -292,12 +291,13 @@ void ft_exchange(ft_side* s, ft_conn* c, size_t size, uint64_t seed, int timeout
   void* reqs[2] = {rreq, sreq};
   ft_phase("exchange %zu bytes: wait", size);
   ft_wait_all(s, reqs, 2, &sizes[0][0], FAB_MAX_RECVS, timeout_ms, "exchange");
-  FT_CHECK((size_t)sizes[0][0] == size, "receive of %zu bytes reported size %d", size, sizes[0][0]);
+  FT_CHECK((size_t)sizes[0][0] == size, "receive of %zu bytes (posted %zu) reported size %d", size, recv_len,
+           sizes[0][0]);
   ft_phase("exchange %zu bytes: verify", size);
-  char what[64];
-  snprintf(what, sizeof what, "receive of %zu bytes", size);
+  char what[80];
+  snprintf(what, sizeof what, "receive of %zu bytes (posted %zu)", size, recv_len);
   ft_verify_or_fail(rm.buf, size, peer_seed, what);
-  ft_check_poison((char*)rm.buf + size, GUARD, what);
+  ft_check_poison((char*)rm.buf + size, recv_len - size + GUARD, what);
   ft_mr_free(s, &sm);
   ft_mr_free(s, &rm);
 }

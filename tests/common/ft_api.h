@@ -105,6 +105,9 @@ void ft_wait_all(ft_side* s, void** reqs, int n, int* sizes, int sizes_stride, i
 
 /* Sends size bytes each way on conn and verifies them (symmetric). */
 void ft_exchange(ft_side* s, ft_conn* c, size_t size, uint64_t seed, int timeout_ms);
+/* The same into a receive of recv_len >= size bytes: the reported size must
+ * be the message's, and nothing may land past it. */
+void ft_exchange_into(ft_side* s, ft_conn* c, size_t size, size_t recv_len, uint64_t seed, int timeout_ms);
 
 #ifdef __cplusplus
 }

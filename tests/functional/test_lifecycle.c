@@ -1,5 +1,7 @@
 /*
- * 7. init/finalize and library lifetime; 8. a peer that dies mid-transfer.
+ * 7. init/finalize and library lifetime: two contexts, reloads, finalize with
+ * comms open, connect/close cycles, stale shm regions; 8. a peer that dies
+ * mid-transfer.
  */
 #include <dlfcn.h>
 #include <sched.h>
@@ -101,18 +103,184 @@ FT_PAIR_TEST(dlopen_cycle, 90) {
   FT_CHECK(!ft_leak_check(), "LeakSanitizer found leaks after three load/unload cycles");
 }
 
-/* 8. The child dies (_exit, nothing closed) with requests outstanding on both
- *    sides. The survivor's test() returns an error or keeps returning
- *    not-done; it must not crash, report data that never came, or hang in
- *    close.
+/* finalize of a context with what NCCL may leave when it gives up: comms, a
+ * posted receive, a send the peer never receives, registrations. finalize
+ * closes all of it; its comm and request handles are refused afterwards
+ * (never used), its registrations stay valid until deregistered (they belong
+ * to the device), and a second context on the same endpoint keeps working
+ * without a WARN. Then the last context is finalized with its comms open
+ * too: with the engine down, stale handles are still refused. v11+ and the
+ * core: older versions have no finalize. */
+static void finalize_open_body(ft_peer* peer, void* arg) {
+  enum { LEN = 1 << 20 };
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_side s2 = s;
+  FT_OK(s2.api->init(&s2.ctx, 0x5eed, &s2.config, ft_logger, NULL));
+  ft_conn c1, c2;
+  ft_connect_all(&s, &c1, 1, T_MS);
+  ft_connect_all(&s2, &c2, 1, T_MS);
+  ft_mr sm, rm;
+  ft_mr_alloc(&s, &sm, c1.send_comm, LEN);
+  ft_mr_alloc(&s, &rm, c1.recv_comm, LEN);
+  void* d = rm.buf;
+  size_t len = LEN;
+  int tag = 5;
+  (void)ft_irecv(&s, c1.recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS); /* never matched */
+  void* sreq = ft_isend(&s, c1.send_comm, sm.buf, 100, 6, sm.mh, T_MS); /* never received */
+  ft_sync(peer, "left open", T_MS);
+
+  ft_phase("finalize the first context with its comms open");
+  FT_OK(s.api->finalize(s.ctx));
+  void* q = (void*)0x1;
+  int done = 0;
+  FT_EXPECT_ERROR(s.api->isend(c1.send_comm, sm.buf, 8, 1, sm.mh, NULL, &q));
+  FT_CHECK(q == NULL, "isend on a comm finalize closed left %p in *request", q);
+  FT_EXPECT_ERROR(s.api->test(sreq, &done, NULL));
+  FT_EXPECT_ERROR(s.api->close_recv(c1.recv_comm));
+  /* Registrations belong to the device, not to a context (regIsGlobal): they
+   * outlive this one, and NCCL may still deregister them. */
+  FT_OK(s.api->dereg_mr(c1.send_comm, sm.mh));
+  FT_OK(s.api->dereg_mr(c1.recv_comm, rm.mh));
+
+  ft_phase("the second context after the first was finalized");
+  int w0 = ft_log_warns();
+  for (int i = 0; i < 4; i++) ft_exchange(&s2, &c2, 65536, 1600 + (uint64_t)i, T_MS);
+  FT_CHECK(ft_log_warns() == w0, "%d WARN lines in the surviving context; last: %s", ft_log_warns() - w0,
+           ft_log_last_warn());
+  ft_mr m2;
+  ft_mr_alloc(&s2, &m2, c2.send_comm, 4096);
+  ft_sync(peer, "second context done", T_MS);
+
+  ft_phase("finalize the last context with its comms open");
+  FT_OK(s2.api->finalize(s2.ctx));
+  /* The engine is down, its logger with it: no WARN count to check. */
+  q = (void*)0x1;
+  FT_CHECK(s2.api->isend(c2.send_comm, m2.buf, 8, 1, m2.mh, NULL, &q) != FAB_OK && q == NULL,
+           "isend on a comm of a finalized engine");
+  FT_CHECK(s2.api->close_recv(c2.recv_comm) != FAB_OK, "closeRecv after the last finalize");
+  FT_CHECK(s2.api->dereg_mr(c2.send_comm, m2.mh) != FAB_OK, "deregMr after the last finalize");
+  FT_CHECK(s2.api->test(NULL, &done, NULL) != FAB_OK, "test(NULL) after the last finalize");
+  s.inited = 0; /* both finalized: ft_side_close only unloads */
+  ft_side_close(&s);
+  ft_free(sm.buf, sm.len);
+  ft_free(rm.buf, rm.len);
+  ft_free(m2.buf, m2.len);
+}
+
+Test(functional, finalize_with_open_comms, .init = ft_test_init, .timeout = 90) {
+  if (!ft_version_has_ctx(ft_api_selected())) cr_skip_test("v6..v10 have no finalize");
+  ft_run_pair("finalize_with_open_comms", finalize_open_body, NULL, 60);
+}
+
+/* Communicators come and go in a long-lived process: connect and close two
+ * comm pairs 300 times in one context, with traffic on some rounds. On shm
+ * the second send comm to a peer gets an endpoint (and an address) of its
+ * own, and an endpoint maps at most 256 peers: the addresses of closed comms
+ * must be released, or accept fails after about 255 rounds. A request of a
+ * closed comm is refused by test() with one WARN, never a fault. */
+FT_PAIR_TEST(connect_close_cycles, 120) {
+  enum { CYCLES = 300, LEN = 256 };
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  void* stale = NULL;
+  for (int cyc = 0; cyc < CYCLES; cyc++) {
+    ft_conn pair[2], c;
+    ft_connect_all(&s, pair, 2, T_MS);
+    c = pair[cyc % 2]; /* traffic on either */
+    if (cyc % 60 == 0 || cyc == CYCLES - 1) {
+      ft_mr sm, rm;
+      ft_mr_alloc(&s, &sm, c.send_comm, LEN);
+      ft_mr_alloc(&s, &rm, c.recv_comm, LEN);
+      ft_fill(sm.buf, LEN, ft_seed(1700, (uint64_t)ft_role(), (uint64_t)cyc));
+      size_t len = LEN;
+      int tag = cyc;
+      void* d = rm.buf;
+      void* reqs[2];
+      reqs[0] = ft_irecv(&s, c.recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS);
+      reqs[1] = ft_isend(&s, c.send_comm, sm.buf, LEN, tag, sm.mh, T_MS);
+      ft_wait_all(&s, reqs, 2, NULL, 0, T_MS, "a round's message");
+      ft_verify_or_fail(rm.buf, LEN, ft_seed(1700, (uint64_t)(1 - ft_role()), (uint64_t)cyc), "a round's message");
+      if (!stale) stale = reqs[1];
+      ft_mr_free(&s, &sm);
+      ft_mr_free(&s, &rm);
+    }
+    ft_sync(peer, "round done", T_MS);
+    ft_close_all(&s, pair, 2);
+    if (cyc == 0) {
+      int done = 0;
+      FT_EXPECT_ERROR(s.api->test(stale, &done, NULL));
+      FT_CHECK(!done, "test() of a closed comm's request reported it done");
+    }
+  }
+  int warns = ft_log_warns();
+  FT_CHECK(warns == 1, "%d WARN lines over %d rounds, one expected (the stale request); last: %s", warns, CYCLES,
+           ft_log_last_warn());
+  ft_side_close(&s);
+}
+
+/* shm: regions under /dev/shm that a killed process with our pid left behind,
+ * named as the shm provider names them by default (<pid>:<domain>:<endpoint>),
+ * must not keep our endpoints from opening: the engine names its endpoints
+ * itself. Each process blocks every such name it would be given first. */
+enum { STALE_DOMS = 4, STALE_EPS = 16 };
+
+static void stale_regions_body(ft_peer* peer, void* arg) {
+  static char paths[STALE_DOMS * STALE_EPS][64];
+  int planted = 0;
+  for (int d = 0; d < STALE_DOMS; d++)
+    for (int e = 0; e < STALE_EPS; e++) {
+      snprintf(paths[planted], sizeof paths[planted], "/dev/shm/%d:%d:%d", (int)getpid(), d, e);
+      FILE* f = fopen(paths[planted], "wx");
+      if (!f) continue; /* exists already: not ours to remove */
+      fputs("stale", f);
+      fclose(f);
+      planted++;
+    }
+  FT_CHECK(planted > 0, "could not plant stale regions under /dev/shm");
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  ft_exchange(&s, &c, 64, 1800, T_MS);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+  for (int i = 0; i < planted; i++) unlink(paths[i]);
+  FT_CHECK(ft_log_warns() == 0, "%d WARN lines; last: %s", ft_log_warns(), ft_log_last_warn());
+}
+
+Test(functional, stale_shm_regions_of_our_pid, .init = ft_test_init, .timeout = 60) {
+  if (!ft_provider_is("shm")) cr_skip_test("shm only: the regions are the shm provider's");
+  ft_run_pair("stale_shm_regions_of_our_pid", stale_regions_body, NULL, 40);
+}
+
+/* 8. The child dies (_exit, nothing closed) with a receive and an 8 MiB send
+ *    outstanding on both sides. On every provider the survivor must not
+ *    crash, must not complete the receive (no data ever came), and must close
+ *    and finalize promptly.
  *
- *    strict (peer_death_sends_fail): in addition, where the provider can see
- *    the peer's death (tcp: the connection is refused), sends must error out
- *    within a bounded time instead of staying pending or unpostable forever.
- *    That part currently fails: see the ENGINE BUG message below. */
-static void peer_death_body(ft_peer* peer, int strict) {
+ *    tcp: the engine must notice the death. tcp;ofi_rxm never fails an
+ *    operation to a dead peer (it retries the refused connection), so the
+ *    engine's liveness check does: after FABRIC_PEER_TIMEOUT_MS (2 s here)
+ *    without a sign of life, the old receive, the old send and a new send
+ *    fail with ncclRemoteError, each with exactly one WARN that names the
+ *    liveness check, within the timeout plus DETECT_SLACK_MS.
+ *
+ *    shm: not asserted, and said so in the output. The provider delivers the
+ *    engine's liveness probes into the dead peer's shared-memory region, so
+ *    they complete and count as signs of life: the engine cannot tell. */
+enum { PEER_TIMEOUT_MS = 2000, DETECT_SLACK_MS = 4000 };
+
+static int detection_warn(const char* w) {
+  return strstr(w, "no sign of life from the peer") || strstr(w, "liveness probe to the peer failed");
+}
+
+FT_PAIR_TEST(peer_death, 40) {
   enum { BIG = 8 << 20 };
-  const int poll_ms = strict ? 15000 : 500, new_send_ms = strict ? 15000 : 700;
+  char env[16];
+  snprintf(env, sizeof env, "%d", PEER_TIMEOUT_MS);
+  setenv("FABRIC_PEER_TIMEOUT_MS", env, 1);
+  const int detects = ft_provider_is("tcp");
   ft_side s;
   ft_side_open(&s, peer, ft_api_selected());
   ft_conn c;
@@ -123,77 +291,72 @@ static void peer_death_body(ft_peer* peer, int strict) {
   ft_mr_alloc(&s, &rm, c.recv_comm, BIG);
   ft_fill(sm.buf, BIG, 3);
   memset(rm.buf, FT_POISON, BIG);
-  /* Receives nobody will match, a large send nobody will receive. */
-  int rtag = 11, stag = 12;
+  /* A receive nobody will match, a large send nobody will receive. */
+  int rtag = 11;
   size_t rlen = BIG;
   void* d = rm.buf;
   void* rreq = ft_irecv(&s, c.recv_comm, 1, &d, &rlen, &rtag, &rm.mh, T_MS);
-  void* sreq = NULL;
-  FT_OK(s.api->isend(c.send_comm, sm.buf, BIG, stag, sm.mh, NULL, &sreq));
+  void* sreq = ft_isend(&s, c.send_comm, sm.buf, BIG, 12, sm.mh, T_MS);
   ft_sync(peer, "outstanding", T_MS);
   if (peer->role == FT_CHILD) {
     /* Mid-transfer: a little progress, then gone without closing anything. */
     int done = 0;
     (void)s.api->test(rreq, &done, NULL);
-    if (sreq) (void)s.api->test(sreq, &done, NULL);
+    (void)s.api->test(sreq, &done, NULL);
     _exit(0);
   }
   ft_phase("waiting for the child to die");
   FT_CHECK(ft_wait_child(peer, 10000), "the child did not exit");
+
+  ft_phase("polling after the peer died");
+  const int window_ms = detects ? PEER_TIMEOUT_MS + DETECT_SLACK_MS : 1000;
   int w0 = ft_log_warns();
   ft_log_expect_warns(1);
-  ft_phase("polling after the peer died");
-  int rdone = 0, sdone = 0;
-  fab_result rrc = FAB_OK, src = FAB_OK;
-  int64_t t0 = ft_now_ms(), deadline = t0 + poll_ms;
-  while (ft_now_ms() < deadline && ((rrc == FAB_OK && !rdone) || (sreq && src == FAB_OK && !sdone))) {
+  int rdone = 0, sdone = 0, ndone = 0;
+  fab_result rrc = FAB_OK, src = FAB_OK, nrc = FAB_OK;
+  void* nreq = NULL;
+  int64_t t0 = ft_now_ms(), deadline = t0 + window_ms;
+  while (ft_now_ms() < deadline) {
     if (rrc == FAB_OK && !rdone) rrc = s.api->test(rreq, &rdone, NULL);
-    if (sreq && src == FAB_OK && !sdone) src = s.api->test(sreq, &sdone, NULL);
-    if (strict && src != FAB_OK) break;
+    if (src == FAB_OK && !sdone) src = s.api->test(sreq, &sdone, NULL);
+    if (rrc != FAB_OK && src != FAB_OK) break;
     sched_yield();
   }
-  FT_CHECK(!(rrc == FAB_OK && rdone), "a receive completed although the dead peer never sent a matching message");
-  ft_check_poison(rm.buf, 4096, "receive from the dead peer");
-  /* A new send after the death. */
-  fab_result nrc = FAB_OK;
-  int ndone = 0, nposted = 0;
-  void* nreq = NULL;
-  deadline = ft_now_ms() + new_send_ms;
-  while (ft_now_ms() < deadline) {
-    if (!nreq) {
+  int64_t detected_ms = ft_now_ms() - t0;
+  /* A new send after the death (after the detection, where there is one). */
+  deadline = ft_now_ms() + 1000;
+  while (ft_now_ms() < deadline && nrc == FAB_OK && !ndone) {
+    if (!nreq)
       nrc = s.api->isend(c.send_comm, sm.buf, 1 << 20, 13, sm.mh, NULL, &nreq);
-      if (nrc != FAB_OK) break;
-      nposted += nreq != NULL;
-    } else {
+    else
       nrc = s.api->test(nreq, &ndone, NULL);
-      if (nrc != FAB_OK || ndone) break;
-    }
     sched_yield();
   }
   ft_log_expect_warns(0);
   int dw = ft_log_warns() - w0;
-  int64_t took = ft_now_ms() - t0;
+  int errors = (rrc != FAB_OK) + (src != FAB_OK) + (nrc != FAB_OK);
   fprintf(stderr,
-          "[%s %s] after the peer died (%lld ms): old recv rc %d done %d; old send %s rc %d done %d; "
+          "[peer_death %s] after the peer died (%lld ms): old recv rc %d done %d; old send rc %d done %d; "
           "new send %s rc %d done %d; %d WARN lines\n",
-          strict ? "peer_death_sends_fail" : "peer_death", s.lib.desc, (long long)took, (int)rrc, rdone,
-          sreq ? "posted," : "never posted,", (int)src, sdone, nposted ? "posted," : "never posted,", (int)nrc, ndone,
-          dw);
-  int any_error = rrc != FAB_OK || src != FAB_OK || nrc != FAB_OK;
-  if (any_error) FT_CHECK(dw >= 1, "errors after the peer died were not logged as WARN");
-  if (ft_provider_is("tcp")) {
-    /* tcp;ofi_rxm sends large messages by rendezvous: without the peer they
-     * cannot have completed. */
-    FT_CHECK(!(nrc == FAB_OK && ndone), "a 1 MiB send to a dead peer completed successfully over tcp");
-  }
-  if (strict) {
-    FT_CHECK(src != FAB_OK || nrc != FAB_OK,
-             "ENGINE BUG (reported): %lld ms after the peer process died, its send comm still reports nothing: the "
-             "8 MiB send in flight is %s and a new 1 MiB send %s. tcp;ofi_rxm only retries the refused connection "
-             "(FI_LOG_LEVEL=warn shows it) and never completes these operations, so the engine must bound them "
-             "itself (for example a send/connection timeout) and fail them with a WARN",
-             (long long)took, src == FAB_OK ? (sdone ? "done" : "still pending") : "failed",
-             nposted ? "is still pending" : "is refused forever with a NULL request (EAGAIN)");
+          s.lib.desc, (long long)detected_ms, (int)rrc, rdone, (int)src, sdone, nreq ? "posted," : "not posted,",
+          (int)nrc, ndone, dw);
+
+  FT_CHECK(!(rrc == FAB_OK && rdone), "a receive completed although the dead peer never sent a matching message");
+  ft_check_poison(rm.buf, 4096, "receive from the dead peer");
+  FT_CHECK(dw == errors, "%d calls failed after the peer died but %d WARN lines were logged (one each); last: %s",
+           errors, dw, ft_log_last_warn());
+  if (detects) {
+    FT_CHECK(rrc == FAB_ERR_REMOTE && src == FAB_ERR_REMOTE,
+             "the peer's death was not detected within %d ms (FABRIC_PEER_TIMEOUT_MS=%d): the old receive "
+             "returned %d (done %d), the old send %d (done %d); both must fail with ncclRemoteError (%d)",
+             window_ms, PEER_TIMEOUT_MS, (int)rrc, rdone, (int)src, sdone, (int)FAB_ERR_REMOTE);
+    FT_CHECK(nrc == FAB_ERR_REMOTE, "a 1 MiB send posted after the death was detected returned %d (done %d), "
+             "not ncclRemoteError", (int)nrc, ndone);
+    FT_CHECK(detection_warn(ft_log_last_warn()), "the WARN does not name the liveness check: %s",
+             ft_log_last_warn());
+  } else {
+    fprintf(stderr, "[peer_death %s] note: on %s the engine cannot detect a dead peer (its liveness probes "
+            "complete into the dead peer's shared memory); only tcp asserts detection\n", s.lib.desc, ft_provider());
   }
   ft_phase("closing after the peer died");
   /* NCCL's order: deregister, then close, whatever is still in flight. */
@@ -206,17 +369,6 @@ static void peer_death_body(ft_peer* peer, int strict) {
   ft_side_close(&s); /* the provider may touch the buffers until the endpoint is gone */
   ft_free(sm.buf, sm.len);
   ft_free(rm.buf, rm.len);
-  FT_CHECK(ft_now_ms() - tc < 10000, "closing and finalizing after the peer died took %lld ms",
+  FT_CHECK(ft_now_ms() - tc < 5000, "closing and finalizing after the peer died took %lld ms",
            (long long)(ft_now_ms() - tc));
-}
-
-FT_PAIR_TEST(peer_death, 40) { peer_death_body(peer, 0); }
-
-/* Run as its own CTest entry (functional.tcp.peer_death_sends_fail); the
- * per-version entries leave it out. */
-static void peer_death_strict(ft_peer* peer, void* arg) { peer_death_body(peer, 1); }
-Test(functional, peer_death_sends_fail, .init = ft_test_init, .timeout = 90) {
-  /* shm has no connection whose loss the provider could report. */
-  if (!ft_provider_is("tcp")) cr_skip_test("only tcp can see a dead peer");
-  ft_run_pair("peer_death_sends_fail", peer_death_strict, NULL, 60);
 }

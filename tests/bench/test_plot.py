@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""bench.plot: plot.py turns a netbench CSV (plot_fixture.csv) into its four
+PNG figures, and without matplotlib it exits 2 saying how to install it.
+matplotlib is required (tests/install-deps.sh installs it)."""
+
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLOT = os.path.join(HERE, "plot.py")
+FIXTURE = os.path.join(HERE, "plot_fixture.csv")
+FIGURES = ("latency", "bandwidth", "ratio", "summary")
+
+
+def run_plot(*args, env=None):
+    return subprocess.run([sys.executable, PLOT, *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def png_size(path):
+    """(width, height) from the IHDR chunk; fails unless path is a PNG."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise AssertionError(f"{path} is not a PNG")
+    return struct.unpack(">II", head[16:24])
+
+
+class Plot(unittest.TestCase):
+    def test_plots_the_fixture(self):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            self.fail(f"{sys.executable} has no matplotlib: run bash tests/install-deps.sh (python3-matplotlib)")
+        with tempfile.TemporaryDirectory() as out:
+            r = run_plot("--out", out, "--prefix", "t-", FIXTURE)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            want = [os.path.join(out, f"t-{name}.png") for name in FIGURES]
+            self.assertEqual(sorted(r.stdout.split()), sorted(want), "plot.py prints the files it wrote")
+            self.assertEqual(sorted(os.listdir(out)), sorted(os.path.basename(p) for p in want))
+            for path in want:
+                w, h = png_size(path)
+                self.assertGreaterEqual(min(w, h), 400, f"{path}: {w}x{h}")
+                self.assertGreater(os.path.getsize(path), 10000, f"{path}: almost empty")
+
+    def test_rejects_a_csv_that_is_not_netbench(self):
+        with tempfile.TemporaryDirectory() as out:
+            bad = os.path.join(out, "bad.csv")
+            with open(bad, "w") as f:
+                f.write("a,b\n1,2\n")
+            r = run_plot("--out", out, bad)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("is not a netbench CSV", r.stderr)
+
+    def test_without_matplotlib_exits_2_and_says_so(self):
+        with tempfile.TemporaryDirectory() as stub:
+            os.mkdir(os.path.join(stub, "matplotlib"))
+            with open(os.path.join(stub, "matplotlib", "__init__.py"), "w") as f:
+                f.write("raise ImportError('hidden by test_plot.py')\n")
+            # NETBENCH_PLOT_REEXEC: do not retry with /usr/bin/python3 either.
+            r = run_plot("--out", stub, FIXTURE, env={"PYTHONPATH": stub, "NETBENCH_PLOT_REEXEC": "1"})
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("matplotlib is not installed", r.stderr)
+            self.assertFalse([n for n in os.listdir(stub) if n.endswith(".png")])
+
+
+if __name__ == "__main__":
+    unittest.main()
