@@ -135,5 +135,9 @@ fab_result fab_test(void* request, int* done, int* sizes) {
     FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);
     return FAB_ERR_INTERNAL;
   }
+  if (FAB_UNLIKELY(r->comm->closing)) {
+    FAB_WARN("test: request %p belongs to a comm that was closed; a closed comm's requests cannot be tested", request);
+    return FAB_ERR_INTERNAL;
+  }
   return fab_req_test(r, done, sizes);
 }
