@@ -206,6 +206,8 @@ PAIR_TEST(close_in_flight, 120) {
   enum { BIG = 1 << 20 };
   char* rb = malloc(4 * BIG);
   char* sb = calloc(1, 4 * BIG);
+  void* smh = NULL;
+  UT_OK(s.api->reg_mr(s.send_comm, sb, 4 * BIG, FAB_PTR_HOST, &smh));
   for (int i = 0; i < 4; i++) {
     void* d = rb + i * BIG;
     size_t sz = BIG;
@@ -215,7 +217,7 @@ PAIR_TEST(close_in_flight, 120) {
      * then fewer of them are in flight, which is fine. */
     void* sq = NULL;
     for (int t = 0; t < 1000 && !sq; t++)
-      UT_OK(s.api->isend(s.send_comm, sb + i * BIG, i ? BIG : 10, 200 + i, NULL, NULL, &sq));
+      UT_OK(s.api->isend(s.send_comm, sb + i * BIG, i ? BIG : 10, 200 + i, smh, NULL, &sq));
   }
   ut_pair_sync(&p);
   UT_OK(s.api->close_recv(s.recv_comm));

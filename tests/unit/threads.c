@@ -63,6 +63,13 @@ static void connect_pair(fab_ctx* a, fab_ctx* b, void** s, void** r, void** l) {
   }
 }
 
+/* NCCL registers every buffer; so do the workers (the plugin refuses a NULL handle). */
+static void* reg(void* comm, void* buf) {
+  void* mh = NULL;
+  OK(api->reg_mr(comm, buf, MAXSZ, FAB_PTR_HOST, &mh));
+  return mh;
+}
+
 static size_t size_of(int t, int m) { return (size_t)((m * 7919 + t * 104729) % MAXSZ); }
 
 typedef struct {
@@ -80,6 +87,8 @@ typedef struct {
 static void churn(worker* w, char* sbuf, char* rbuf) {
   void *s, *r, *l;
   connect_pair(w->ctx, w->peer_ctx, &s, &r, &l);
+  void* smh = reg(s, sbuf);
+  void* rmh = reg(r, rbuf);
   void* rq[4] = {0};
   for (int tag = 1; tag <= 4; tag++) {
     void* d = rbuf + (size_t)(tag - 1) * (MAXSZ / 4);
@@ -87,7 +96,7 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
     double end = now_s() + 30;
     while (!rq[tag - 1]) {
       CHECK(now_s() < end, "thread %d: side irecv never accepted", w->id);
-      OK(api->irecv(r, 1, &d, &rsz, &tag, NULL, NULL, &rq[tag - 1]));
+      OK(api->irecv(r, 1, &d, &rsz, &tag, &rmh, NULL, &rq[tag - 1]));
     }
   }
   for (int tag = 1; tag <= 2; tag++) {
@@ -95,9 +104,11 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
     double end = now_s() + 30;
     while (!sq) {
       CHECK(now_s() < end, "thread %d: side isend never accepted", w->id);
-      OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, NULL, NULL, &sq));
+      OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, smh, NULL, &sq));
     }
   }
+  OK(api->dereg_mr(s, smh));
+  if (unmatched && (w->id & 1)) OK(api->dereg_mr(r, rmh));
   if (unmatched && (w->id & 1)) OK(api->close_recv(r)); /* before the sends may have matched */
   OK(api->close_send(s));
   if (!unmatched) {
@@ -111,6 +122,7 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
       CHECK(got == (k == 0 ? 8 : MAXSZ / 4), "thread %d: side receive %d got %d bytes", w->id, k + 1, got);
     }
   }
+  if (!(unmatched && (w->id & 1))) OK(api->dereg_mr(r, rmh));
   if (!(unmatched && (w->id & 1))) OK(api->close_recv(r));
   OK(api->close_listen(l));
 }
@@ -136,9 +148,12 @@ static void* run(void* arg) {
   worker* w = arg;
   void *s, *r, *l;
   connect_pair(w->ctx, w->peer_ctx, &s, &r, &l);
+  void *smh[INFLIGHT], *rmh[INFLIGHT];
   for (int i = 0; i < INFLIGHT; i++) {
     w->sbuf[i] = malloc(MAXSZ);
     w->rbuf[i] = malloc(MAXSZ);
+    smh[i] = reg(s, w->sbuf[i]);
+    rmh[i] = reg(r, w->rbuf[i]);
   }
   void* sreq[INFLIGHT] = {0};
   void* rreq[INFLIGHT] = {0};
@@ -155,11 +170,11 @@ static void* run(void* arg) {
       size_t rsz = MAXSZ;
       int tag = next_post & 0xff;
       void* rq = NULL;
-      OK(api->irecv(r, 1, &d, &rsz, &tag, NULL, NULL, &rq));
+      OK(api->irecv(r, 1, &d, &rsz, &tag, &rmh[slot], NULL, &rq));
       if (!rq) break;
       memset(w->sbuf[slot], (char)(next_post * 13 + w->id), sz);
       void* sq = NULL;
-      while (!sq) OK(api->isend(s, w->sbuf[slot], sz, tag, NULL, NULL, &sq));
+      while (!sq) OK(api->isend(s, w->sbuf[slot], sz, tag, smh[slot], NULL, &sq));
       rreq[slot] = rq;
       sreq[slot] = sq;
       next_post++;
@@ -185,6 +200,10 @@ static void* run(void* arg) {
       churned++;
       churn(w, w->churn_s, w->churn_r);
     }
+  }
+  for (int i = 0; i < INFLIGHT; i++) {
+    OK(api->dereg_mr(s, smh[i]));
+    OK(api->dereg_mr(r, rmh[i]));
   }
   OK(api->close_send(s));
   OK(api->close_recv(r));

@@ -145,6 +145,15 @@ void ut_connect_many(ut_side* s, ut_pair* p, int n, void** send_comms, void** re
   free(theirs);
 }
 
+/* Automatically registered buffers (see mh_or_auto). */
+enum { UT_AUTO_MH = 2048 };
+static struct {
+  fab_ctx* ctx;
+  const void* buf;
+  size_t len;
+  void* mh;
+} auto_mh[UT_AUTO_MH];
+
 void ut_side_open(ut_side* s, ut_pair* p) {
   memset(s, 0, sizeof(*s));
   s->api = &fab_api_core;
@@ -156,13 +165,38 @@ void ut_side_open(ut_side* s, ut_pair* p) {
 }
 
 void ut_side_close(ut_side* s) {
+  for (int i = 0; i < UT_AUTO_MH; i++)
+    if (auto_mh[i].ctx == s->ctx) auto_mh[i].ctx = NULL;
   UT_OK(s->api->close_send(s->send_comm));
   UT_OK(s->api->close_recv(s->recv_comm));
   UT_OK(s->api->close_listen(s->listen_comm));
   UT_OK(s->api->finalize(s->ctx));
 }
 
+/* Tests that do not care about registration pass NULL: the plugin refuses a
+ * NULL memory handle for a non-empty buffer (NCCL always registers), so the
+ * buffer is registered here once per context and stays registered until
+ * finalize drops it. */
+
+static void* mh_or_auto(ut_side* s, void* comm, const void* buf, size_t len, void* mh) {
+  if (mh || !len) return mh;
+  int free_slot = -1;
+  for (int i = 0; i < UT_AUTO_MH; i++) {
+    if (auto_mh[i].ctx == s->ctx && auto_mh[i].buf == buf && auto_mh[i].len >= len) return auto_mh[i].mh;
+    if (free_slot < 0 && auto_mh[i].ctx != s->ctx) free_slot = i;
+  }
+  UT_CHECK(free_slot >= 0, "more than %d automatically registered buffers", UT_AUTO_MH);
+  void* h = NULL;
+  UT_OK(s->api->reg_mr(comm, (void*)buf, len, FAB_PTR_HOST, &h));
+  auto_mh[free_slot].ctx = s->ctx;
+  auto_mh[free_slot].buf = buf;
+  auto_mh[free_slot].len = len;
+  auto_mh[free_slot].mh = h;
+  return h;
+}
+
 void* ut_isend(ut_side* s, void* comm, void* data, size_t size, int tag, void* mh) {
+  mh = mh_or_auto(s, comm, data, size, mh);
   int64_t deadline = ut_now_ms() + 20000;
   for (;;) {
     void* req = NULL;
@@ -173,6 +207,11 @@ void* ut_isend(ut_side* s, void* comm, void* data, size_t size, int tag, void* m
 }
 
 void* ut_irecv(ut_side* s, void* comm, int n, void** data, const size_t* sizes, const int* tags, void** mhs) {
+  void* auto_mhs[FAB_MAX_RECVS];
+  if (!mhs && n > 0 && n <= FAB_MAX_RECVS) {
+    for (int i = 0; i < n; i++) auto_mhs[i] = mh_or_auto(s, comm, data[i], sizes[i], NULL);
+    mhs = auto_mhs;
+  }
   int64_t deadline = ut_now_ms() + 20000;
   for (;;) {
     void* req = (void*)0x1; /* NCCL's hint: must be overwritten */
