@@ -162,6 +162,8 @@ struct fab_endpoint {
   int retiring;                 /* own endpoint whose comm closed with sends in flight; it no
                                  * longer counts in its home's nprivates */
   int destroying;             /* teardown under way: no AV removals */
+  int hol_blocked;            /* (local-only) a dead peer never took a send of this endpoint, which holds
+                               * up its later sends: new send comms get endpoints of their own (ep lock) */
   /* handshake state, under lock */
   struct fab_ctrl_rx* ctrl_rx; /* FAB_CTRL_RX untagged receives for connect requests and probes */
   fab_list listens;
@@ -293,6 +295,10 @@ fab_device* fab_device_get(int dev, const char* fn);        /* WARNs */
 fab_result fab_ctx_endpoint(fab_ctx* handle, int dev, const char* fn, fab_ctx** ctx, fab_device** d,
                             fab_endpoint** ep);
 
+/* fab_signals.c: puts handlers a PSM library installed (they write *.btr
+ * files and call exit()) back to the default action; returns how many. */
+int fab_signals_reset_psm(void);
+
 /* fab_device.c */
 fab_result fab_devices_discover(void);
 void fab_devices_release(void);
@@ -393,6 +399,18 @@ void fab_comm_park_closed(fab_endpoint* ep, fab_comm* c);
 /* 1 when a parked object (or an entry of ep->comms) is a comm. */
 int fab_parked_is_comm(const fab_parked* p);
 
+
+/* fab_peer.c: peers on this host (local-only providers with our endpoint
+ * names). 1 with why set when the peer at addr is gone (its process or its
+ * shared-memory region); 0 when alive or not such a peer. */
+int fab_peer_local_gone(const fab_endpoint* ep, const void* addr, size_t len, char* why, size_t why_len);
+/* The liveness check of c when its peer is such a peer: fails c when the
+ * peer is gone, else counts its process as a sign of life. 0 when c's peer
+ * is not one (probe it instead). ep lock held. */
+int fab_peer_check_local_locked(fab_comm* c);
+/* 0 when addr has the form the provider's addresses have (fab_endpoint.c);
+ * else -1 with why set. */
+int fab_ep_addr_check(const fab_endpoint* ep, const void* addr, size_t len, char* why, size_t why_len);
 
 /* Maps libfabric errors onto result codes: peer loss -> REMOTE, else SYSTEM. */
 fab_result fab_result_from_fi(int fi_err);
