@@ -150,13 +150,30 @@ static int home_sends_to(fab_endpoint* home, const void* addr, size_t len) {
 static fab_result pick_endpoint(fab_endpoint* home, const fab_wire_handle* h, fab_endpoint** out) {
   *out = home;
   if (!home->dev->local_only || home->nprivates >= fab_g.params.local_send_endpoints) return FAB_OK;
-  if (!home_sends_to(home, h->addr, h->addr_len)) return FAB_OK;
+  if (!home_sends_to(home, h->addr, h->addr_len) && !home->hol_blocked) return FAB_OK;
   fab_result rc = fab_conn_endpoint_create(home->dev, out);
   if (rc != FAB_OK) return rc;
   fab_list_push(&home->privates, &(*out)->private_node);
   if (++home->nprivates == fab_g.params.local_send_endpoints)
     FAB_INFO(FAB_SUBSYS_NET, "%d send comms on %s have endpoints of their own; later ones share the device's "
              "(FABRIC_LOCAL_SEND_ENDPOINTS)", home->nprivates, home->dev->name);
+  return FAB_OK;
+}
+
+/* FAB_OK when the listener's address is well-formed and, on this host, its
+ * process and endpoint still exist; else the error, with one WARN. */
+static fab_result peer_usable(fab_endpoint* ep, const fab_wire_handle* h) {
+  char why[192];
+  if (fab_ep_addr_check(ep, h->addr, h->addr_len, why, sizeof(why)) != 0) {
+    FAB_WARN("connect: the listener's address in the handle is not a %s address (%s); pass the handle listen() "
+             "wrote, unchanged", fab_device_provider(ep->dev), why);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  if (fab_peer_local_gone(ep, h->addr, h->addr_len, why, sizeof(why))) {
+    FAB_WARN("connect: the listener is gone: %s; the peer process must stay alive until its connections are "
+             "established", why);
+    return FAB_ERR_REMOTE;
+  }
   return FAB_OK;
 }
 
@@ -200,6 +217,11 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
     return FAB_ERR_SYSTEM;
   }
   fab_comm* c = pc->comm;
+  rc = peer_usable(ep, &h);
+  if (rc != FAB_OK) {
+    fab_pending_retire(pc, 0);
+    return rc;
+  }
   c->peer_in_process = fab_ep_addr_in_process(ep, h.addr, h.addr_len);
   int frc = fab_ep_av_insert(ep, h.addr, h.addr_len, &c->peer);
   if (frc != 0) {

@@ -3,6 +3,8 @@
  * handle lookup and a few compares), resolve memory handles to descriptors,
  * then hand over to the comm's transport.
  */
+#include <stdint.h>
+
 #include "fab_mr.h"
 #include "fab_transport.h"
 
@@ -31,6 +33,21 @@ static fab_result comm_failed(fab_comm* c, const char* fn) {
   return c->error;
 }
 
+/* A range no registration can cover: the address space ends before it does. */
+static fab_result reg_range_check(const void* data, size_t size, const char* fn) {
+  if (size <= (size_t)PTRDIFF_MAX && (uintptr_t)data <= UINTPTR_MAX - size) return FAB_OK;
+  FAB_WARN("%s: %zu bytes at %p run past the end of the address space; register the buffer's real size", fn, size,
+           data);
+  return FAB_ERR_INVALID_ARG;
+}
+
+/* NCCL registers every buffer it sends or receives: a NULL memory handle for
+ * a non-empty one is a caller's bug, whatever the provider needs. */
+static __attribute__((noinline, cold)) fab_result null_mhandle(const char* fn, const char* arg, size_t size) {
+  FAB_WARN("%s: %s is NULL for a buffer of %zu bytes; pass the handle regMr returned for it", fn, arg, size);
+  return FAB_ERR_INTERNAL;
+}
+
 fab_result fab_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
   if (!mhandle) return fab_bad_argument("regMr", "mhandle", 0, "a non-NULL pointer");
   *mhandle = NULL;
@@ -40,6 +57,7 @@ fab_result fab_reg_mr(void* comm, void* data, size_t size, int type, void** mhan
     return FAB_ERR_INTERNAL;
   }
   if (!data) return fab_bad_argument("regMr", "data", 0, "a non-NULL address");
+  if (reg_range_check(data, size, "regMr") != FAB_OK) return FAB_ERR_INVALID_ARG;
   return fab_mr_register(fab_obj_get(comm, k), data, size, type, 0, -1, mhandle, "regMr");
 }
 
@@ -53,6 +71,7 @@ fab_result fab_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint
     return FAB_ERR_INTERNAL;
   }
   fab_comm* c = fab_obj_get(comm, k);
+  if (reg_range_check(data, size, "regMrDmaBuf") != FAB_OK) return FAB_ERR_INVALID_ARG;
   if (!(c->dev->props.ptr_support & FAB_PTR_DMABUF)) {
     FAB_WARN("regMrDmaBuf: device %s does not support dma-buf registration (not advertised in ptrSupport%s); use "
              "regMr", c->dev->name, DMABUF_WHY);
@@ -80,6 +99,7 @@ fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mh
     return FAB_ERR_INTERNAL;
   }
   if (FAB_UNLIKELY(!data && size)) return fab_bad_argument("isend", "data", 0, "a buffer for a non-empty send");
+  if (FAB_UNLIKELY(!mhandle && size)) return null_mhandle("isend", "mhandle", size);
   if (FAB_UNLIKELY(c->error != FAB_OK)) return comm_failed(c, "isend");
   fab_mr* mr;
   fab_result rc = fab_mr_resolve(c, mhandle, data, size, "isend", &mr);
@@ -104,6 +124,7 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
       return FAB_ERR_INTERNAL;
     }
     if (FAB_UNLIKELY(!data[i] && sizes[i])) return fab_bad_argument("irecv", "data[i]", i, "a buffer");
+    if (FAB_UNLIKELY((!mhandles || !mhandles[i]) && sizes[i])) return null_mhandle("irecv", "mhandles[i]", sizes[i]);
     fab_result rc = fab_mr_resolve(c, mhandles ? mhandles[i] : NULL, data[i], sizes[i], "irecv", &mrs[i]);
     if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   }

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -282,6 +284,64 @@ fab_result fab_ep_poll(fab_endpoint* ep) {
   return rc;
 }
 
+static int sockaddr_check(const void* addr, size_t len, int want_family, char* why, size_t why_len) {
+  sa_family_t family;
+  if (len < sizeof(family)) return snprintf(why, why_len, "%zu bytes is too short for a socket address", len), -1;
+  memcpy(&family, addr, sizeof(family));
+  if (want_family == 0) want_family = family == AF_INET6 ? AF_INET6 : AF_INET;
+  size_t want = want_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+  if (family != want_family)
+    return snprintf(why, why_len, "address family %u, expected %s", (unsigned)family,
+                    want_family == AF_INET6 ? "AF_INET6" : "AF_INET"), -1;
+  if (len != want) return snprintf(why, why_len, "%zu address bytes, expected %zu", len, want), -1;
+  uint16_t port; /* sin_port and sin6_port sit at the same offset */
+  memcpy(&port, (const char*)addr + offsetof(struct sockaddr_in, sin_port), sizeof(port));
+  if (port == 0) return snprintf(why, why_len, "port 0"), -1;
+  return 0;
+}
+
+/* FI_ADDR_STR: one printable NUL-terminated string with the scheme of our
+ * own address ("fi_shm://", "fi_sockaddr_in://", ...) or, where our own
+ * address has none, our endpoint name form (fabric_<pid>_<nonce>_<n>). */
+static int straddr_check(const fab_endpoint* ep, const char* a, size_t len, char* why, size_t why_len) {
+  if (len < 2 || a[len - 1] != '\0' || strlen(a) != len - 1)
+    return snprintf(why, why_len, "not one NUL-terminated string of %zu bytes", len), -1;
+  for (size_t i = 0; i + 1 < len; i++)
+    if (a[i] <= ' ' || a[i] > '~') return snprintf(why, why_len, "byte %zu (0x%02x) is not printable", i, (unsigned char)a[i]), -1;
+  const char* own = (const char*)ep->addr;
+  const char* sep = strstr(own, "://");
+  if (sep) {
+    size_t n = (size_t)(sep - own) + 3;
+    if (strncmp(a, own, n) != 0) return snprintf(why, why_len, "it does not start with %.*s", (int)n, own), -1;
+    return 0;
+  }
+  if (ep->dev->local_only && strncmp(own, "fabric_", 7) == 0) {
+    unsigned pid = 0, n = 0;
+    unsigned long long nonce = 0;
+    int used = 0;
+    if (sscanf(a, "fabric_%u_%16llx_%u%n", &pid, &nonce, &n, &used) != 3 || (size_t)used != len - 1 || !pid)
+      return snprintf(why, why_len, "\"%.40s\" is not an endpoint name of this plugin", a), -1;
+  }
+  return 0;
+}
+
+int fab_ep_addr_check(const fab_endpoint* ep, const void* addr, size_t len, char* why, size_t why_len) {
+  if (len == 0 || len > FAB_ADDR_MAX) return snprintf(why, why_len, "address length %zu", len), -1;
+  switch (ep->dev->info->addr_format) {
+    case FI_SOCKADDR_IN:
+      return sockaddr_check(addr, len, AF_INET, why, why_len);
+    case FI_SOCKADDR_IN6:
+      return sockaddr_check(addr, len, AF_INET6, why, why_len);
+    case FI_SOCKADDR:
+      return sockaddr_check(addr, len, 0, why, why_len);
+    case FI_ADDR_STR:
+      return straddr_check(ep, addr, len, why, why_len);
+    default: /* a provider-specific binary format: at least its length */
+      if (len != ep->addr_len) return snprintf(why, why_len, "%zu address bytes, expected %zu", len, ep->addr_len), -1;
+      return 0;
+  }
+}
+
 int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* out) {
   uint64_t h = fab_fnv1a(FAB_FNV_SEED, addr, len);
   for (size_t i = 0; i < ep->av_count; i++) {
@@ -299,6 +359,11 @@ int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* 
     ep->av_cache = v;
     ep->av_cap = cap;
   }
+  /* One bad insert poisons some providers' address vectors (tcp: every
+   * later insert fails; shm: a name without a live region faults later). */
+  char why[160];
+  if (fab_ep_addr_check(ep, addr, len, why, sizeof(why)) != 0) return -FI_EINVAL;
+  if (fab_peer_local_gone(ep, addr, len, why, sizeof(why))) return -FI_ECONNREFUSED;
   fi_addr_t fa = FI_ADDR_NOTAVAIL;
   int rc = fi_av_insert(ep->av, addr, 1, &fa, 0, NULL);
   if (rc != 1 || fa == FI_ADDR_NOTAVAIL) return rc < 0 ? rc : -FI_EINVAL;

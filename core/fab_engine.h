@@ -181,6 +181,8 @@ struct fab_endpoint {
   int retiring;                 /* own endpoint whose comm closed with sends in flight; it no
                                  * longer counts in its home's nprivates */
   int destroying;             /* teardown under way: no AV removals */
+  int hol_blocked;            /* (local-only) a dead peer never took a send of this endpoint, which holds
+                               * up its later sends: new send comms get endpoints of their own (ep lock) */
   /* handshake state, under lock */
   struct fab_ctrl_rx* ctrl_rx; /* FAB_CTRL_RX untagged receives for connect requests and probes */
   fab_list listens;
@@ -311,6 +313,10 @@ extern fab_engine fab_g;
 
 /* --- the provider layer's interface ----------------------------------------- */
 
+/* fab_signals.c: puts handlers a PSM library installed (they write *.btr
+ * files and call exit()) back to the default action; returns how many. */
+int fab_signals_reset_psm(void);
+
 /* The device's provider name (virtual devices: their carrier's). */
 static inline const char* fab_device_provider(const fab_device* d) {
   const fab_device* c = d->physical ? d : fab_g.devs[d->carrier];
@@ -386,5 +392,17 @@ static inline void fab_comm_count_completion(fab_comm* c) {
  * receives stay posted until the comm closes: the comm's owner may be
  * using its requests in another thread right now. */
 void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);
+
+/* fab_peer.c: peers on this host (local-only providers with our endpoint
+ * names). 1 with why set when the peer at addr is gone (its process or its
+ * shared-memory region); 0 when alive or not such a peer. */
+int fab_peer_local_gone(const fab_endpoint* ep, const void* addr, size_t len, char* why, size_t why_len);
+/* The liveness check of c when its peer is such a peer: fails c when the
+ * peer is gone, else counts its process as a sign of life. 0 when c's peer
+ * is not one (probe it instead). ep lock held. */
+int fab_peer_check_local_locked(fab_comm* c);
+/* 0 when addr has the form the provider's addresses have (fab_endpoint.c);
+ * else -1 with why set. */
+int fab_ep_addr_check(const fab_endpoint* ep, const void* addr, size_t len, char* why, size_t why_len);
 
 #endif /* FAB_ENGINE_H */

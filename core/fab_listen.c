@@ -78,6 +78,12 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
   }
   c->peer_in_process = fab_ep_addr_in_process(ep, req->addr, req->addr_len);
   int rc = fab_ep_av_insert(ep, req->addr, req->addr_len, &c->peer);
+  if (rc == -FI_ECONNREFUSED || rc == -FI_EINVAL) {
+    FAB_INFO(FAB_SUBSYS_NET, "accept on %s: dropped a connect request whose sender is gone or malformed",
+             ep->dev->name);
+    fab_comm_free(c);
+    return NULL;
+  }
   if (rc != 0) {
     FAB_WARN("accept: cannot add the connector's address on %s (%s), so it cannot be answered and fails after "
              "FABRIC_CONNECT_TIMEOUT_MS; on shm an endpoint maps at most 256 peers (lower "

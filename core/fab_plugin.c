@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fab_conn.h"
 #include "fab_cuda.h"
@@ -47,6 +48,9 @@ static fab_result engine_up(void) {
     fab_g.cuda_ok = 0;
     return rc;
   }
+  if (fab_signals_reset_psm() > 0)
+    FAB_INFO(FAB_SUBSYS_INIT, "reset the crash and SIGTERM handlers a PSM library installed during discovery "
+             "(they write *.btr files and call exit()); see core/fab_signals.c");
   fab_g.up = 1;
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "engine up: %d devices on %s, CUDA %s", fab_g.nphys,
            fab_device_provider(fab_g.devs[0]), fab_g.cuda_ok ? "usable" : "not usable");
@@ -151,8 +155,54 @@ fab_result fab_finalize(fab_ctx* handle) {
   return FAB_OK;
 }
 
+/* Unloading must never block forever: the destructor also runs from exit()
+ * called in a signal handler (libinfinipath's, see fab_signals.c) while the
+ * crashed or signalled thread holds the engine lock or an endpoint lock, and
+ * would wait for it for ever. Each lock gets until one shared deadline
+ * (FAB_UNLOAD_WAIT_MS in all); a lock still held then means teardown is
+ * skipped: the process is going away, and leaking beats hanging. */
+enum { FAB_UNLOAD_WAIT_MS = 1500 };
+
+static int lock_by(pthread_mutex_t* m, const struct timespec* deadline) {
+  return pthread_mutex_timedlock(m, deadline) == 0;
+}
+
+/* 1 when no endpoint lock is held now (each taken and released at once).
+ * Engine lock held, so no endpoint comes or goes. */
+static int endpoint_locks_free(const struct timespec* deadline) {
+  for (int i = 0; i < FAB_MAX_DEVICES; i++) {
+    fab_endpoint* ep = atomic_load(&fab_g.eps[i]);
+    if (!ep) continue;
+    if (!lock_by(&ep->lock, deadline)) return 0;
+    int ok = 1;
+    FAB_LIST_FOREACH_SAFE(it, tmp, &ep->privates) {
+      fab_endpoint* own = FAB_CONTAINER_OF(it, fab_endpoint, private_node);
+      if (ok && lock_by(&own->lock, deadline)) pthread_mutex_unlock(&own->lock);
+      else ok = 0;
+    }
+    pthread_mutex_unlock(&ep->lock);
+    if (!ok) return 0;
+  }
+  return 1;
+}
+
 __attribute__((destructor)) static void fab_unload(void) {
-  pthread_mutex_lock(&fab_g.lock);
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += FAB_UNLOAD_WAIT_MS / 1000;
+  deadline.tv_nsec += (long)(FAB_UNLOAD_WAIT_MS % 1000) * 1000000L;
+  if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+  if (!lock_by(&fab_g.lock, &deadline)) {
+    FAB_WARN("unload: the plugin's engine lock is still held after %d ms (a thread crashed or was signalled inside "
+             "the plugin?); its state is left to the exiting process", FAB_UNLOAD_WAIT_MS);
+    return;
+  }
+  if (fab_g.up && !endpoint_locks_free(&deadline)) {
+    FAB_WARN("unload: an endpoint lock is still held after %d ms (a thread crashed or was signalled inside the "
+             "plugin?); skipping teardown, its state is left to the exiting process", FAB_UNLOAD_WAIT_MS);
+    pthread_mutex_unlock(&fab_g.lock);
+    return;
+  }
   if (fab_g.up) engine_down();
   pthread_mutex_unlock(&fab_g.lock);
   fab_pool_release_spares();

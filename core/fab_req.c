@@ -146,18 +146,23 @@ void fab_comm_check_peer(fab_comm* c) {
     c->stall_since_ms = now;
   } else if (now - c->stall_since_ms > timeout) {
     char why[160];
-    snprintf(why, sizeof(why), "no sign of life from the peer for %lld ms (FABRIC_PEER_TIMEOUT_MS=%d)",
-             (long long)(now - c->stall_since_ms), timeout);
+    snprintf(why, sizeof(why), "no sign of life from the peer for %lld ms (FABRIC_PEER_TIMEOUT_MS=%d)%s",
+             (long long)(now - c->stall_since_ms), timeout,
+             ep->hol_blocked ? "; this endpoint's sends are held up by a dead peer's" : "");
     fab_comm_fail(c, FAB_ERR_REMOTE, why);
   }
   if (c->error == FAB_OK && c->stall_since_ms && !c->probe_posted &&
       now - c->last_probe_ms >= FAB_PROBE_INTERVAL_MS) {
     c->last_probe_ms = now;
-    atomic_fetch_add(&c->inflight, 1);
-    if (fi_send(ep->ep, NULL, 0, NULL, c->peer, &c->probe_op.ctx) == 0)
-      c->probe_posted = 1;
-    else
-      atomic_fetch_sub(&c->inflight, 1);
+    if (fab_peer_check_local_locked(c)) {
+      /* a peer on this host: asked of the kernel, never probed (fab_peer.c) */
+    } else {
+      atomic_fetch_add(&c->inflight, 1);
+      if (fi_send(ep->ep, NULL, 0, NULL, c->peer, &c->probe_op.ctx) == 0)
+        c->probe_posted = 1;
+      else
+        atomic_fetch_sub(&c->inflight, 1);
+    }
   }
   pthread_mutex_unlock(&ep->lock);
 }

@@ -63,6 +63,13 @@ static void connect_pair(fab_ctx* a, fab_ctx* b, void** s, void** r, void** l) {
   }
 }
 
+/* NCCL registers every buffer; so do the workers (the plugin refuses a NULL handle). */
+static void* reg(void* comm, void* buf) {
+  void* mh = NULL;
+  OK(api->reg_mr(comm, buf, MAXSZ, FAB_PTR_HOST, &mh));
+  return mh;
+}
+
 static size_t size_of(int t, int m) { return (size_t)((m * 7919 + t * 104729) % MAXSZ); }
 
 typedef struct {
@@ -72,9 +79,6 @@ typedef struct {
   char* sbuf[INFLIGHT];
   char* rbuf[INFLIGHT];
   char *churn_s, *churn_r; /* side connections' buffers: freed after finalize */
-  void* smh[INFLIGHT];      /* registrations (regIsGlobal: usable on every comm of the device) */
-  void* rmh[INFLIGHT];
-  void *churn_smh, *churn_rmh;
 } worker;
 
 /* A side connection: receives for tags 1..4, sends for tags 1 and 2, the
@@ -83,6 +87,8 @@ typedef struct {
 static void churn(worker* w, char* sbuf, char* rbuf) {
   void *s, *r, *l;
   connect_pair(w->ctx, w->peer_ctx, &s, &r, &l);
+  void* smh = reg(s, sbuf);
+  void* rmh = reg(r, rbuf);
   void* rq[4] = {0};
   for (int tag = 1; tag <= 4; tag++) {
     void* d = rbuf + (size_t)(tag - 1) * (MAXSZ / 4);
@@ -90,7 +96,7 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
     double end = now_s() + 30;
     while (!rq[tag - 1]) {
       CHECK(now_s() < end, "thread %d: side irecv never accepted", w->id);
-      OK(api->irecv(r, 1, &d, &rsz, &tag, &w->churn_rmh, NULL, &rq[tag - 1]));
+      OK(api->irecv(r, 1, &d, &rsz, &tag, &rmh, NULL, &rq[tag - 1]));
     }
   }
   for (int tag = 1; tag <= 2; tag++) {
@@ -98,9 +104,11 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
     double end = now_s() + 30;
     while (!sq) {
       CHECK(now_s() < end, "thread %d: side isend never accepted", w->id);
-      OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, w->churn_smh, NULL, &sq));
+      OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, smh, NULL, &sq));
     }
   }
+  OK(api->dereg_mr(s, smh));
+  if (unmatched && (w->id & 1)) OK(api->dereg_mr(r, rmh));
   if (unmatched && (w->id & 1)) OK(api->close_recv(r)); /* before the sends may have matched */
   OK(api->close_send(s));
   if (!unmatched) {
@@ -114,6 +122,7 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
       CHECK(got == (k == 0 ? 8 : MAXSZ / 4), "thread %d: side receive %d got %d bytes", w->id, k + 1, got);
     }
   }
+  if (!(unmatched && (w->id & 1))) OK(api->dereg_mr(r, rmh));
   if (!(unmatched && (w->id & 1))) OK(api->close_recv(r));
   OK(api->close_listen(l));
 }
@@ -139,18 +148,17 @@ static void* run(void* arg) {
   worker* w = arg;
   void *s, *r, *l;
   connect_pair(w->ctx, w->peer_ctx, &s, &r, &l);
+  void *smh[INFLIGHT], *rmh[INFLIGHT];
   for (int i = 0; i < INFLIGHT; i++) {
     w->sbuf[i] = malloc(MAXSZ);
     w->rbuf[i] = malloc(MAXSZ);
-    OK(api->reg_mr(s, w->sbuf[i], MAXSZ, FAB_PTR_HOST, &w->smh[i]));
-    OK(api->reg_mr(r, w->rbuf[i], MAXSZ, FAB_PTR_HOST, &w->rmh[i]));
+    smh[i] = reg(s, w->sbuf[i]);
+    rmh[i] = reg(r, w->rbuf[i]);
   }
   void* sreq[INFLIGHT] = {0};
   void* rreq[INFLIGHT] = {0};
   w->churn_s = malloc(MAXSZ);
   w->churn_r = malloc(MAXSZ);
-  OK(api->reg_mr(s, w->churn_s, MAXSZ, FAB_PTR_HOST, &w->churn_smh));
-  OK(api->reg_mr(r, w->churn_r, MAXSZ, FAB_PTR_HOST, &w->churn_rmh));
   int next_post = 0, next_done = 0, churned = 0;
   double end = now_s() + 120;
   while (next_done < MSGS) {
@@ -162,11 +170,11 @@ static void* run(void* arg) {
       size_t rsz = MAXSZ;
       int tag = next_post & 0xff;
       void* rq = NULL;
-      OK(api->irecv(r, 1, &d, &rsz, &tag, &w->rmh[slot], NULL, &rq));
+      OK(api->irecv(r, 1, &d, &rsz, &tag, &rmh[slot], NULL, &rq));
       if (!rq) break;
       memset(w->sbuf[slot], (char)(next_post * 13 + w->id), sz);
       void* sq = NULL;
-      while (!sq) OK(api->isend(s, w->sbuf[slot], sz, tag, w->smh[slot], NULL, &sq));
+      while (!sq) OK(api->isend(s, w->sbuf[slot], sz, tag, smh[slot], NULL, &sq));
       rreq[slot] = rq;
       sreq[slot] = sq;
       next_post++;
@@ -194,11 +202,9 @@ static void* run(void* arg) {
     }
   }
   for (int i = 0; i < INFLIGHT; i++) {
-    OK(api->dereg_mr(s, w->smh[i]));
-    OK(api->dereg_mr(r, w->rmh[i]));
+    OK(api->dereg_mr(s, smh[i]));
+    OK(api->dereg_mr(r, rmh[i]));
   }
-  OK(api->dereg_mr(s, w->churn_smh));
-  OK(api->dereg_mr(r, w->churn_rmh));
   OK(api->close_send(s));
   OK(api->close_recv(r));
   OK(api->close_listen(l));
