@@ -16,6 +16,7 @@
 
 #include "fab_engine.h"
 #include "fab_mr.h"
+#include "fab_rma.h"
 
 enum { FAB_CQ_BATCH_MAX = 256 };
 
@@ -105,6 +106,7 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
   fab_list_init(&ep->connects);
   fab_list_init(&ep->comms);
   fab_list_init(&ep->parked);
+  fab_list_init(&ep->retired);
   fab_list_init(&ep->privates);
   fab_list_init(&ep->private_node);
   ep->next_conn_id = 1;
@@ -155,6 +157,7 @@ void fab_endpoint_destroy(fab_endpoint* ep) {
   if (ep->ep) fi_close(&ep->ep->fid);
   ep->ep = NULL;
   if (ep->hooks) ep->hooks->teardown(ep);
+  fab_rma_retired_free(ep, 1); /* nothing can write into them any more */
   if (ep->cq) fi_close(&ep->cq->fid);
   if (ep->av) fi_close(&ep->av->fid);
   free(ep->av_cache);

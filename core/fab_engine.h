@@ -189,6 +189,7 @@ struct fab_endpoint {
   fab_list connects; /* pending connects */
   fab_list comms;    /* live send and recv comms */
   fab_list parked;
+  fab_list retired;  /* buffers peers may still write into (fab_rma_buf_retire) */
   uint32_t next_conn_id;
   int conn_wrapped;
   uint32_t next_connector_id;

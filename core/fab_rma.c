@@ -1,6 +1,8 @@
 /* One-sided operations with the window check in front of every post. */
 #include "fab_rma.h"
 
+#include <stdlib.h>
+
 ssize_t fab_rma_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                           const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
@@ -45,4 +47,36 @@ int fab_rma_buf_reg(fab_device* dev, void* buf, size_t len, uint64_t access, fab
 void fab_rma_buf_dereg(fab_rma_buf* b) {
   if (b->mr) fi_close(&b->mr->fid);
   b->mr = NULL;
+}
+
+typedef struct retired_buf {
+  fab_list node;
+  fab_rma_buf buf;
+  void* mem;
+  int64_t since_ms;
+} retired_buf;
+
+void fab_rma_retired_free(fab_endpoint* ep, int all) {
+  int64_t now = fab_now_ms();
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->retired) {
+    retired_buf* r = FAB_CONTAINER_OF(it, retired_buf, node);
+    if (!all && now - r->since_ms < FAB_RETIRE_GRACE_MS) continue;
+    fab_list_del(&r->node);
+    fab_rma_buf_dereg(&r->buf);
+    free(r->mem);
+    free(r);
+  }
+}
+
+void fab_rma_buf_retire(fab_endpoint* ep, fab_rma_buf* b, void* mem) {
+  fab_rma_retired_free(ep, 0); /* the old ones go as new ones come: bounded by closes per grace period */
+  retired_buf* r = malloc(sizeof(*r));
+  if (!r) { /* out of memory: keep the registration and the memory for good rather than risk a late write */
+    FAB_INFO(FAB_SUBSYS_NET, "out of memory retiring a buffer on %s; it stays allocated", ep->dev->name);
+    return;
+  }
+  r->buf = *b;
+  r->mem = mem;
+  r->since_ms = fab_now_ms();
+  fab_list_push(&ep->retired, &r->node);
 }

@@ -52,4 +52,16 @@ typedef struct fab_rma_buf {
 int fab_rma_buf_reg(fab_device* dev, void* buf, size_t len, uint64_t access, fab_rma_buf* out);
 void fab_rma_buf_dereg(fab_rma_buf* b);
 
+/* A buffer of our own whose peer may still be writing into it when its owner
+ * goes (a closed comm's mailbox: the peer does not know yet). Freeing it at
+ * once races with another thread's progress placing such a write (seen as a
+ * crash inside the provider). It stays registered and allocated on ep for
+ * FAB_RETIRE_GRACE_MS, then goes; all go when ep is destroyed, after the
+ * libfabric endpoint is closed. mem is free()d. ep lock held, or ep being
+ * destroyed. */
+enum { FAB_RETIRE_GRACE_MS = 10000 };
+void fab_rma_buf_retire(fab_endpoint* ep, fab_rma_buf* b, void* mem);
+/* Frees retired buffers older than the grace period (all: every one). */
+void fab_rma_retired_free(fab_endpoint* ep, int all);
+
 #endif /* FAB_RMA_H */

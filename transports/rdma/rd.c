@@ -28,12 +28,15 @@ static fab_result rd_comm_init(fab_comm* c) {
   return FAB_OK;
 }
 
+/* The peer may still be announcing into the mailbox (it does not know we
+ * closed): retired, not freed (fab_rma_buf_retire). */
 static void rd_comm_fini(fab_comm* c) {
-  if (c->kind != FAB_OBJ_SEND) return;
+  if (c->kind != FAB_OBJ_SEND || !c->ep) return;
   rd_scomm* s = rd_s(c);
-  fab_rma_buf_dereg(&s->box_mr);
-  free(s->box);
+  if (s->box_mr.mr) fab_rma_buf_retire(c->ep, &s->box_mr, s->box);
+  else free(s->box);
   s->box = NULL;
+  s->box_mr.mr = NULL;
 }
 
 static size_t rd_connect_payload(fab_comm* c, void* buf, size_t cap) {
