@@ -67,6 +67,7 @@ typedef struct {
 extern nb_cfg cfg;
 extern char plugin_path[4096];
 extern char plugin_b_path[4096];
+extern char plugin_b_env[512];
 extern int ctl;                /* control socket to the other rank */
 extern volatile int finishing; /* set before the last barrier: the watchdog stands down */
 

@@ -17,6 +17,7 @@ const char* const mode_name[NMODES] = {"raw", "plugin", "plugin-b"};
 nb_cfg cfg;
 char plugin_path[4096];
 char plugin_b_path[4096];
+char plugin_b_env[512]; /* NAME=VALUE set while plugin-b initialises */
 int ctl = -1;
 nb_mode modes[NMODES];
 point_t points[MAX_POINTS];
@@ -212,10 +213,22 @@ void xport_open(int m) {
                      .verbose = cfg.verbose,
                      .raw_hints = cfg.raw_hints};
   memset(&modes[m], 0, sizeof(modes[m]));
-  if (m == M_RAW)
+  if (m == M_RAW) {
     nb_raw_open(&modes[m].x, &o);
-  else
+  } else if (m == M_PLUGIN_B && plugin_b_env[0]) {
+    char name[512];
+    snprintf(name, sizeof(name), "%s", plugin_b_env);
+    *strchr(name, '=') = '\0';
+    const char* old = getenv(name);
+    char* saved = old ? strdup(old) : NULL;
+    setenv(name, strchr(plugin_b_env, '=') + 1, 1);
+    nb_plugin_open(&modes[m].x, &o); /* the plugin reads its parameters at init */
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
+  } else {
     nb_plugin_open(&modes[m].x, &o);
+  }
   modes[m].open = 1;
 }
 

@@ -210,6 +210,7 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   bound[bound_v] = p->table;
   if (++nplugins > 1) several = 1;
   fab_comm_config conf = {.traffic_class = -1};
+  snprintf(plugin_transport, sizeof(plugin_transport), "unknown");
   int rc = p->api.init(&p->ctx, 0x6e6574626e63ull, &conf, plug_logger, NULL);
   if (rc) nb_die("plugin %s: init failed (%d)", o->plugin, rc);
   int ndev = 0;
