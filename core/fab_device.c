@@ -204,9 +204,26 @@ static int choose_provider(const fab_transport_ops* const* cands, int n, char* p
   return first ? 0 : -1;
 }
 
+/* 1 when FABRIC_TRANSPORT=auto should pass over t on provider prov. */
+static int auto_avoids(const fab_transport_ops* t, const char* prov, int last) {
+  if (last || !t->auto_avoid) return 0;
+  size_t n = strlen(prov);
+  for (const char* a = t->auto_avoid; *a;) {
+    size_t len = strcspn(a, ",");
+    if (len == n && !strncmp(a, prov, n)) return 1;
+    a += len + (a[len] == ',');
+  }
+  return 0;
+}
+
 /* The most preferred candidate that can run on provider prov. */
 static const fab_transport_ops* choose_transport(const fab_transport_ops* const* cands, int n, const char* prov) {
   for (int i = 0; i < n; i++) {
+    if (auto_avoids(cands[i], prov, i + 1 == n)) {
+      FAB_INFO(FAB_SUBSYS_INIT, "FABRIC_TRANSPORT=auto: %s measures slower than the next candidate on %s; skipped",
+               cands[i]->name, prov);
+      continue;
+    }
     int rc;
     struct fi_info* all = query(prov, cands[i], 0, &rc);
     int ok = first_usable(all, cands[i], 0) != NULL;

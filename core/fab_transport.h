@@ -38,6 +38,10 @@ struct fab_transport_ops {
   const char* name;
   uint8_t id; /* FAB_TRANSPORT_* */
   fab_transport_needs needs;
+  /* Providers on which FABRIC_TRANSPORT=auto prefers the next candidate
+   * although this one can run (measured slower there: docs/performance.md),
+   * comma-separated; NULL: none. */
+  const char* auto_avoid;
   uint32_t send_reqs, recv_reqs;         /* pool size per comm */
   size_t send_req_size, recv_req_size;   /* transport area per request */
   size_t comm_size;                      /* transport area per comm */

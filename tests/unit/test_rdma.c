@@ -309,3 +309,28 @@ Test(rma, window_bounds) {
   cr_assert_eq(fab_rma_inject_writedata(ep, c.sc->peer, buf, 8, &w, 4089, 0), -FI_EINVAL);
   close_conn(&c);
 }
+
+/* FABRIC_TRANSPORT=auto follows the measured table (docs/performance.md):
+ * rdma on tcp;ofi_rxm, sendrecv on shm; naming a transport overrides it. */
+static const fab_transport_ops* chosen(const char* prov, const char* transport) {
+  ut_use_provider(prov);
+  setenv("FABRIC_TRANSPORT", transport, 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  const fab_transport_ops* t = fab_g.devs[0]->ops;
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+  return t;
+}
+
+Test(rdma, auto_on_tcp) { cr_assert_eq(chosen("tcp", "auto"), &fab_rdma_ops); }
+Test(rdma, auto_on_shm) { cr_assert_eq(chosen("shm", "auto"), &fab_sendrecv_ops); }
+Test(rdma, named_on_shm) { cr_assert_eq(chosen("shm", "rdma"), &fab_rdma_ops); }
+Test(rdma, named_sendrecv_on_tcp) { cr_assert_eq(chosen("tcp", "sendrecv"), &fab_sendrecv_ops); }
+Test(rdma, unknown_transport) {
+  ut_use_provider("tcp");
+  setenv("FABRIC_TRANSPORT", "carrier-pigeon", 1);
+  fab_ctx* ctx;
+  ut_reset_warns();
+  cr_assert_neq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_assert_geq(ut_warns(), 1);
+}
