@@ -334,3 +334,51 @@ Test(rdma, unknown_transport) {
   cr_assert_neq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
   cr_assert_geq(ut_warns(), 1);
 }
+
+/* Back-pressure (hardening item 6): with no receive posted, nothing moves.
+ * Sends wait in the sender's queue (no provider buffering at the receiver
+ * can grow), complete only as receives are posted, and in order. */
+static void no_receive_no_transfer(const char* prov) {
+  enum { N = 200, SZ = 8192 };
+  conn c;
+  open_conn(prov, &c);
+  char* sb = malloc((size_t)N * SZ);
+  char* rb = malloc((size_t)N * SZ);
+  for (int i = 0; i < N; i++) memset(sb + (size_t)i * SZ, (char)(i + 1), SZ);
+  memset(rb, 0, (size_t)N * SZ);
+  void *smh, *rmh;
+  cr_assert_eq(api->reg_mr(c.s, sb, (size_t)N * SZ, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, (size_t)N * SZ, FAB_PTR_HOST, &rmh), FAB_OK);
+  void* sq[N];
+  for (int i = 0; i < N; i++) {
+    sq[i] = NULL;
+    while (!sq[i]) cr_assert_eq(api->isend(c.s, sb + (size_t)i * SZ, SZ, 9, smh, NULL, &sq[i]), FAB_OK);
+  }
+  for (int round = 0; round < 2000; round++) {
+    for (int i = 0; i < N; i += 37) {
+      int done = 1;
+      cr_assert_eq(api->test(sq[i], &done, NULL), FAB_OK);
+      cr_assert_eq(done, 0, "send %d completed with no receive posted", i);
+    }
+  }
+  rd_scomm* s = fab_comm_tp(c.sc);
+  cr_assert_eq(s->nwait, N, "every send waits in the sender's queue");
+  for (int i = 0; i < N * SZ; i++) cr_assert_eq(rb[i], 0, "byte %d arrived with no receive posted", i);
+  for (int i = 0; i < N; i++) {
+    void* rq = post_recv(&c, rb + (size_t)i * SZ, SZ, rmh, 9);
+    int got = -1;
+    cr_assert_eq(wait_req(rq, &got), FAB_OK);
+    cr_assert_eq(got, SZ);
+    cr_assert_eq(rb[(size_t)i * SZ], (char)(i + 1), "message %d out of order", i);
+    cr_assert_eq(rb[(size_t)i * SZ + SZ - 1], (char)(i + 1));
+  }
+  for (int i = 0; i < N; i++) cr_assert_eq(wait_req(sq[i], NULL), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
+  free(sb);
+  free(rb);
+}
+
+Test(rdma, no_receive_no_transfer_tcp) { no_receive_no_transfer("tcp"); }
+Test(rdma, no_receive_no_transfer_shm) { no_receive_no_transfer("shm"); }
