@@ -56,6 +56,7 @@ typedef struct nb_xport_opts {
   int dev;               /* plugin device index */
   int verbose;
   int raw_hints;         /* NB_RAW_HINTS_*: which fi_getinfo hints raw mode uses */
+  int raw_rma;           /* raw mode's RMA flavour (nb_raw_rma.c) */
 } nb_xport_opts;
 
 int nb_raw_open(nb_xport* x, const nb_xport_opts* o);

@@ -211,7 +211,8 @@ void xport_open(int m) {
                      .version = cfg.version,
                      .dev = cfg.dev,
                      .verbose = cfg.verbose,
-                     .raw_hints = cfg.raw_hints};
+                     .raw_hints = cfg.raw_hints,
+                     .raw_rma = cfg.raw_rma};
   memset(&modes[m], 0, sizeof(modes[m]));
   if (m == M_RAW) {
     nb_raw_open(&modes[m].x, &o);

@@ -12,6 +12,7 @@
  * do, so plugin/raw isolates what the plugin adds.
  */
 #include "nb.h"
+#include "nb_raw.h"
 
 #include <dlfcn.h>
 #include <rdma/fabric.h>
@@ -24,58 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RAW_MAGIC 0x4e425257u /* "NBRW" */
-#define RAW_NREQ 8192
-#define RAW_CQ_BATCH 16
-#define TAG_HANDSHAKE (1ull << 62)
-
-typedef struct raw_req {
-  struct fi_context2 ctx; /* must be first: the provider owns it while posted */
-  int done;
-  int size;
-  int in_use;
-  struct raw_req* next_free;
-} raw_req;
-
-typedef struct {
-  struct fi_info* info;
-  struct fid_fabric* fabric;
-  struct fid_domain* domain;
-  struct fid_ep* ep;
-  struct fid_cq* cq;
-  struct fid_av* av;
-  int mr_local, mr_endpoint, prov_key, rma;
-  uint64_t next_key;
-  uint32_t next_comm;
-  /* AV cache: the last few peer names inserted. */
-  struct { char name[96]; size_t len; fi_addr_t addr; } peers[8];
-  int npeers;
-  raw_req* reqs;
-  raw_req* free_list;
-} raw_state;
-
-typedef struct {
-  uint32_t magic, comm_id, namelen, pad;
-  char name[NB_HANDLE_SIZE - 16];
-} raw_handle;
-
-typedef struct {
-  uint64_t tag_base;
-  fi_addr_t peer;
-  raw_req* hs; /* pending handshake during connect/accept */
-  int ready;
-} raw_comm;
-
-typedef struct {
-  uint32_t comm_id;
-  raw_comm* pending;
-} raw_lcomm;
-
-static void raw_check(int rc, const char* what) {
+void raw_check(int rc, const char* what) {
   if (rc) nb_die("raw: %s failed: %d (%s)", what, rc, fi_strerror(-rc));
 }
 
-static raw_req* req_get(raw_state* r) {
+raw_req* raw_req_get(raw_state* r) {
   raw_req* q = r->free_list;
   if (!q) nb_die("raw: out of requests (%d in flight)", RAW_NREQ);
   r->free_list = q->next_free;
@@ -85,17 +39,21 @@ static raw_req* req_get(raw_state* r) {
   return q;
 }
 
-static void req_put(raw_state* r, raw_req* q) {
+void raw_req_put(raw_state* r, raw_req* q) {
   q->in_use = 0;
   q->next_free = r->free_list;
   r->free_list = q;
 }
 
-static void raw_progress(raw_state* r) {
-  struct fi_cq_msg_entry e[RAW_CQ_BATCH];
+void raw_progress(raw_state* r) {
+  struct fi_cq_data_entry e[RAW_CQ_BATCH];
   ssize_t n = fi_cq_read(r->cq, e, RAW_CQ_BATCH);
   if (n > 0) {
     for (ssize_t i = 0; i < n; i++) {
+      if (e[i].flags & FI_REMOTE_WRITE) {
+        raw_rma_remote(r, &e[i]);
+        continue;
+      }
       raw_req* q = e[i].op_context;
       if (!q) continue;
       if (e[i].flags & FI_RECV) q->size = (int)e[i].len;
@@ -132,6 +90,7 @@ static struct fi_info* raw_hints(const nb_xport_opts* o, const char* prov, int h
     h->tx_attr->msg_order = FI_ORDER_SAS;
     h->rx_attr->msg_order = FI_ORDER_SAS;
   }
+  if (o->raw_rma) raw_rma_hints(h);
   if (prov && *prov) h->fabric_attr->prov_name = strdup(prov);
   return h;
 }
@@ -207,16 +166,20 @@ static int r_connect(nb_xport* x, void* handle, void** scomm) {
     c = calloc(1, sizeof(*c));
     c->tag_base = (uint64_t)h->comm_id << 32;
     c->peer = raw_peer(r, h);
-    c->hs = req_get(r);
+    c->peer_id = h->comm_id;
+    c->hs = raw_req_get(r);
+    if (r->rma_mode) raw_rma_connect_start(r, c);
+    void* hello = r->rma_mode ? &c->hello : NULL;
+    size_t hlen = r->rma_mode ? sizeof(c->hello) : 0;
     ssize_t rc;
-    while ((rc = fi_tsend(r->ep, NULL, 0, NULL, c->peer, TAG_HANDSHAKE | c->tag_base, c->hs)) == -FI_EAGAIN)
+    while ((rc = fi_tsend(r->ep, hello, hlen, NULL, c->peer, TAG_HANDSHAKE | c->tag_base, c->hs)) == -FI_EAGAIN)
       raw_progress(r);
     raw_check((int)rc, "fi_tsend(handshake)");
     memcpy(h->name + sizeof(h->name) - sizeof(c), &c, sizeof(c));
   }
   raw_progress(r);
   if (c->hs->done) {
-    req_put(r, c->hs);
+    raw_req_put(r, c->hs);
     c->hs = NULL;
     c->ready = 1;
     memset(h->name + sizeof(h->name) - sizeof(c), 0, sizeof(c));
@@ -234,25 +197,31 @@ static int r_accept(nb_xport* x, void* lcomm, void** rcomm) {
     c = l->pending = calloc(1, sizeof(*c));
     c->tag_base = (uint64_t)l->comm_id << 32;
     c->peer = FI_ADDR_UNSPEC;
-    c->hs = req_get(r);
+    c->id = l->comm_id;
+    c->hs = raw_req_get(r);
+    void* hello = r->rma_mode ? &c->hello : NULL;
+    size_t hlen = r->rma_mode ? sizeof(c->hello) : 0;
     ssize_t rc;
-    while ((rc = fi_trecv(r->ep, NULL, 0, NULL, FI_ADDR_UNSPEC, TAG_HANDSHAKE | c->tag_base, 0, c->hs)) ==
+    while ((rc = fi_trecv(r->ep, hello, hlen, NULL, FI_ADDR_UNSPEC, TAG_HANDSHAKE | c->tag_base, 0, c->hs)) ==
            -FI_EAGAIN)
       raw_progress(r);
     raw_check((int)rc, "fi_trecv(handshake)");
   }
   raw_progress(r);
   if (c->hs->done) {
-    req_put(r, c->hs);
+    raw_req_put(r, c->hs);
     c->hs = NULL;
     c->ready = 1;
     l->pending = NULL;
+    if (r->rma_mode) raw_rma_accepted(r, c);
     *rcomm = c;
   }
   return 0;
 }
 
 static int r_close_comm(nb_xport* x, void* comm) {
+  raw_state* r = x->priv;
+  if (r->rma_mode) raw_rma_close(r, comm);
   free(comm);
   return 0;
 }
@@ -273,12 +242,18 @@ static int r_reg_mr(nb_xport* x, void* comm, void* buf, size_t size, void** mh) 
     raw_check(fi_mr_bind(mr, &r->ep->fid, 0), "fi_mr_bind");
     raw_check(fi_mr_enable(mr), "fi_mr_enable");
   }
-  *mh = mr;
+  raw_mr* m = malloc(sizeof(*m));
+  m->mr = mr;
+  m->base = (uintptr_t)buf;
+  *mh = m;
   return 0;
 }
 
 static int r_dereg_mr(nb_xport* x, void* comm, void* mh) {
-  return fi_close(&((struct fid_mr*)mh)->fid);
+  raw_mr* m = mh;
+  int rc = fi_close(&m->mr->fid);
+  free(m);
+  return rc;
 }
 
 int nb_raw_mr_cost(nb_xport* x, void* buf, size_t size, uint64_t* reg_ns, uint64_t* dereg_ns) {
@@ -296,11 +271,12 @@ int nb_raw_mr_cost(nb_xport* x, void* buf, size_t size, uint64_t* reg_ns, uint64
 static int r_isend(nb_xport* x, void* scomm, void* buf, size_t size, int tag, void* mh, void** req) {
   raw_state* r = x->priv;
   raw_comm* c = scomm;
-  raw_req* q = req_get(r);
+  if (r->rma_mode) return raw_rma_isend(r, c, buf, size, mh, req);
+  raw_req* q = raw_req_get(r);
   q->size = (int)size;
-  ssize_t rc = fi_tsend(r->ep, buf, size, r->mr_local && mh ? fi_mr_desc(mh) : NULL, c->peer, c->tag_base | (uint32_t)tag, q);
+  ssize_t rc = fi_tsend(r->ep, buf, size, r->mr_local && mh ? fi_mr_desc(((raw_mr*)mh)->mr) : NULL, c->peer, c->tag_base | (uint32_t)tag, q);
   if (rc == -FI_EAGAIN) {
-    req_put(r, q);
+    raw_req_put(r, q);
     raw_progress(r);
     *req = NULL;
     return 0;
@@ -322,11 +298,12 @@ static int r_irecv(nb_xport* x, void* rcomm, void* buf, size_t size, int tag, vo
     buf = malloc(size);
     mh = NULL;
   }
-  raw_req* q = req_get(r);
+  if (r->rma_mode) return raw_rma_irecv(r, c, buf, size, mh, req);
+  raw_req* q = raw_req_get(r);
   ssize_t rc =
-      fi_trecv(r->ep, buf, size, r->mr_local && mh ? fi_mr_desc(mh) : NULL, FI_ADDR_UNSPEC, c->tag_base | (uint32_t)tag, 0, q);
+      fi_trecv(r->ep, buf, size, r->mr_local && mh ? fi_mr_desc(((raw_mr*)mh)->mr) : NULL, FI_ADDR_UNSPEC, c->tag_base | (uint32_t)tag, 0, q);
   if (rc == -FI_EAGAIN) {
-    req_put(r, q);
+    raw_req_put(r, q);
     raw_progress(r);
     *req = NULL;
     return 0;
@@ -343,7 +320,7 @@ static int r_test(nb_xport* x, void* req, int* done, int* size) {
   *done = q->done;
   if (q->done) {
     if (size) *size = q->size;
-    req_put(r, q);
+    raw_req_put(r, q);
   }
   return 0;
 }
@@ -390,7 +367,8 @@ int nb_raw_open(nb_xport* x, const nb_xport_opts* o) {
   r->rma = !!(fi->caps & FI_RMA);
   raw_check(fi_fabric(fi->fabric_attr, &r->fabric, NULL), "fi_fabric");
   raw_check(fi_domain(r->fabric, fi, &r->domain, NULL), "fi_domain");
-  struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_NONE, .size = 0};
+  r->rma_mode = o->raw_rma;
+  struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE, .size = 0};
   raw_check(fi_cq_open(r->domain, &cqa, &r->cq, NULL), "fi_cq_open");
   struct fi_av_attr ava = {.type = FI_AV_TABLE};
   raw_check(fi_av_open(r->domain, &ava, &r->av, NULL), "fi_av_open");
@@ -399,12 +377,13 @@ int nb_raw_open(nb_xport* x, const nb_xport_opts* o) {
   raw_check(fi_ep_bind(r->ep, &r->av->fid, 0), "fi_ep_bind(av)");
   raw_check(fi_enable(r->ep), "fi_enable");
   r->reqs = calloc(RAW_NREQ, sizeof(raw_req));
-  for (int i = RAW_NREQ - 1; i >= 0; i--) req_put(r, &r->reqs[i]);
+  for (int i = RAW_NREQ - 1; i >= 0; i--) raw_req_put(r, &r->reqs[i]);
   x->ops = &raw_ops;
   x->priv = r;
   snprintf(x->desc, sizeof(x->desc),
-           "raw libfabric %d.%d, provider %s, fabric %s, domain %s, mr_mode 0x%x, caps%s%s, inject %zu, hints %s",
-           FI_MAJOR(fi_version()), FI_MINOR(fi_version()), fi->fabric_attr->prov_name, fi->fabric_attr->name,
+           "raw libfabric %d.%d%s, provider %s, fabric %s, domain %s, mr_mode 0x%x, caps%s%s, inject %zu, hints %s",
+           FI_MAJOR(fi_version()), FI_MINOR(fi_version()),
+           r->rma_mode ? " RMA flavour (announce + fi_writedata, FIFO)" : "", fi->fabric_attr->prov_name, fi->fabric_attr->name,
            fi->domain_attr->name, (unsigned)fi->domain_attr->mr_mode, (fi->caps & FI_MSG) ? " MSG" : "",
            (fi->caps & FI_HMEM) ? " HMEM" : "", fi->tx_attr->inject_size,
            o->raw_hints == NB_RAW_HINTS_PLUGIN ? "plugin" : o->raw_hints == NB_RAW_HINTS_NOHMEM ? "nohmem" : "minimal");
