@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 7
+#define FAB_PARAM_COUNT 8
 
 typedef struct fab_params fab_params;
 
@@ -33,6 +33,8 @@ struct fab_params {
   int local_send_endpoints;
   /* FABRIC_TRANSPORT: How NCCL messages move: `rdma` (the receiver announces each buffer and the sender writes into it with RMA; needs FI_RMA and remote CQ data), `sendrecv` (tagged messages; any RDM provider), or `auto` (rdma where the provider offers what it needs, else sendrecv). Both ends of a connection must use the same transport: a mismatch is refused at connect with a WARN. */
   char transport[FAB_PARAM_STRING_MAX];
+  /* FABRIC_EAGER_MAX: rdma transport: the largest message a sender writes at once into its receiver's ring of 16 eager slots, without waiting for the receive's announcement (the receive copies it out). Costs 16 x (this + 32) bytes per recv comm and per send comm. 0: no eager path, every message waits for its buffer's announcement. */
+  size_t eager_max;
 };
 
 /* Fills *params with every default. */

@@ -75,7 +75,7 @@ static fab_result wait_req(void* q, int* size) {
   return rc;
 }
 
-enum { LEN = 4096 };
+enum { LEN = 16384 };
 
 /* Forged data completions: every field is checked against what was
  * announced; a violation fails the connection with one WARN and writes
@@ -207,27 +207,38 @@ Test(rdma, forged_entry_slot) { forged_entry("shm", 1); }
 Test(rdma, forged_entry_checksum) { forged_entry("tcp", 2); }
 Test(rdma, forged_entry_size) { forged_entry("shm", 3); }
 
-/* A send larger than its receive: nothing is written, both sides fail as
- * truncated with one WARN each, and the connection goes on. */
+/* A send larger than its receive: nothing is written, the receive fails as
+ * truncated with one WARN, and the connection goes on. Above FABRIC_EAGER_MAX
+ * the sender knows the buffer and refuses the send too; an eager message
+ * (small) left before the sender could know, so its send succeeds. */
+static void truncation_case(conn* c, char* sb, char* rb, void* smh, void* rmh, size_t rsize, size_t ssize,
+                            int sender_knows) {
+  memset(rb, 0x5a, LEN);
+  void* rq = post_recv(c, rb, rsize, rmh, 4);
+  void* sq = NULL;
+  while (!sq) cr_assert_eq(api->isend(c->s, sb, ssize, 4, smh, NULL, &sq), FAB_OK);
+  ut_reset_warns();
+  fab_result src = wait_req(sq, NULL);
+  cr_assert_eq(wait_req(rq, NULL), FAB_ERR_INVALID_USAGE, "the receive reports truncation");
+  if (sender_knows) cr_assert_eq(src, FAB_ERR_INVALID_USAGE, "the send is refused");
+  cr_assert_eq(ut_warns(), src == FAB_OK ? 1 : 2, "one WARN per failed request");
+  for (int i = 0; i < LEN; i++) cr_assert_eq((unsigned char)rb[i], 0x5a, "byte %d was written", i);
+}
+
 static void truncation(const char* prov) {
   conn c;
   open_conn(prov, &c);
   char *sb = malloc(LEN), *rb = malloc(LEN);
   memset(sb, 0x11, LEN);
-  memset(rb, 0x5a, LEN);
   void *smh, *rmh, *sq = NULL;
   cr_assert_eq(api->reg_mr(c.s, sb, LEN, FAB_PTR_HOST, &smh), FAB_OK);
   cr_assert_eq(api->reg_mr(c.r, rb, LEN, FAB_PTR_HOST, &rmh), FAB_OK);
-  void* rq = post_recv(&c, rb, 50, rmh, 4);
-  while (!sq) cr_assert_eq(api->isend(c.s, sb, 100, 4, smh, NULL, &sq), FAB_OK);
-  ut_reset_warns();
-  cr_assert_eq(wait_req(sq, NULL), FAB_ERR_INVALID_USAGE, "the send is refused");
-  cr_assert_eq(wait_req(rq, NULL), FAB_ERR_INVALID_USAGE, "the receive reports truncation");
-  cr_assert_eq(ut_warns(), 2);
-  for (int i = 0; i < LEN; i++) cr_assert_eq((unsigned char)rb[i], 0x5a, "byte %d was written", i);
+  truncation_case(&c, sb, rb, smh, rmh, 50, 100, 0);                 /* eager or announced */
+  cr_assert_gt(LEN, fab_g.params.eager_max + 64, "the large case must be above the eager limit");
+  truncation_case(&c, sb, rb, smh, rmh, fab_g.params.eager_max + 32, fab_g.params.eager_max + 64, 1);
   /* the next message of the connection is delivered intact */
-  rq = post_recv(&c, rb, LEN, rmh, 4);
-  sq = NULL;
+  memset(rb, 0x5a, LEN);
+  void* rq = post_recv(&c, rb, LEN, rmh, 4);
   while (!sq) cr_assert_eq(api->isend(c.s, sb, 100, 4, smh, NULL, &sq), FAB_OK);
   int got = -1;
   cr_assert_eq(wait_req(rq, &got), FAB_OK);
@@ -338,10 +349,11 @@ Test(rdma, unknown_transport) {
 /* Back-pressure (hardening item 6): with no receive posted, nothing moves.
  * Sends wait in the sender's queue (no provider buffering at the receiver
  * can grow), complete only as receives are posted, and in order. */
-static void no_receive_no_transfer(const char* prov) {
-  enum { N = 200, SZ = 8192 };
+static void no_receive_no_transfer(const char* prov, size_t SZ) {
+  enum { N = 200 };
   conn c;
   open_conn(prov, &c);
+  int eager = SZ <= fab_g.params.eager_max;
   char* sb = malloc((size_t)N * SZ);
   char* rb = malloc((size_t)N * SZ);
   for (int i = 0; i < N; i++) memset(sb + (size_t)i * SZ, (char)(i + 1), SZ);
@@ -354,25 +366,32 @@ static void no_receive_no_transfer(const char* prov) {
     sq[i] = NULL;
     while (!sq[i]) cr_assert_eq(api->isend(c.s, sb + (size_t)i * SZ, SZ, 9, smh, NULL, &sq[i]), FAB_OK);
   }
+  /* Above the eager limit nothing moves; below it at most the 16 ring slots'
+   * worth (the receiver's bounded buffering), the rest waits. */
+  int completed = 0;
   for (int round = 0; round < 2000; round++) {
-    for (int i = 0; i < N; i += 37) {
-      int done = 1;
+    for (int i = 0; i < N; i++) {
+      if (!sq[i]) continue;
+      int done = 0;
       cr_assert_eq(api->test(sq[i], &done, NULL), FAB_OK);
-      cr_assert_eq(done, 0, "send %d completed with no receive posted", i);
+      if (done) sq[i] = NULL, completed++;
     }
   }
   rd_scomm* s = fab_comm_tp(c.sc);
-  cr_assert_eq(s->nwait, N, "every send waits in the sender's queue");
-  for (int i = 0; i < N * SZ; i++) cr_assert_eq(rb[i], 0, "byte %d arrived with no receive posted", i);
+  cr_assert_leq(completed, eager ? RD_EAGER_SLOTS : 0, "%d sends completed with no receive posted", completed);
+  if (eager) cr_assert_eq(completed, RD_EAGER_SLOTS, "the eager ring's slots are used");
+  cr_assert_eq(s->nwait, (uint32_t)(N - completed), "the rest waits in the sender's queue");
+  for (size_t i = 0; i < N * SZ; i++) cr_assert_eq(rb[i], 0, "byte %zu arrived with no receive posted", i);
   for (int i = 0; i < N; i++) {
     void* rq = post_recv(&c, rb + (size_t)i * SZ, SZ, rmh, 9);
     int got = -1;
     cr_assert_eq(wait_req(rq, &got), FAB_OK);
     cr_assert_eq(got, SZ);
-    cr_assert_eq(rb[(size_t)i * SZ], (char)(i + 1), "message %d out of order", i);
+    cr_assert_eq(rb[(size_t)i * SZ], (char)(i + 1), "message %d out of order", i); /* (i + 1) fits a char: N < 255 */
     cr_assert_eq(rb[(size_t)i * SZ + SZ - 1], (char)(i + 1));
   }
-  for (int i = 0; i < N; i++) cr_assert_eq(wait_req(sq[i], NULL), FAB_OK);
+  for (int i = 0; i < N; i++)
+    if (sq[i]) cr_assert_eq(wait_req(sq[i], NULL), FAB_OK);
   cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
   cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
   close_conn(&c);
@@ -380,5 +399,86 @@ static void no_receive_no_transfer(const char* prov) {
   free(rb);
 }
 
-Test(rdma, no_receive_no_transfer_tcp) { no_receive_no_transfer("tcp"); }
-Test(rdma, no_receive_no_transfer_shm) { no_receive_no_transfer("shm"); }
+Test(rdma, no_receive_no_transfer_tcp) { no_receive_no_transfer("tcp", 8192); }
+Test(rdma, no_receive_no_transfer_shm) { no_receive_no_transfer("shm", 8192); }
+Test(rdma, no_receive_eager_bounded_tcp) { no_receive_no_transfer("tcp", 100); }
+Test(rdma, no_receive_eager_bounded_shm) { no_receive_no_transfer("shm", 100); }
+
+/* Eager and announced messages interleaved on the same tags, before any
+ * receive is posted, then taken by grouped receives (the deadlock class of
+ * aws-ofi-nccl PR #1194: a large send waiting for its buffer's announcement
+ * while small ones of the same tag went ahead eagerly, and more small ones
+ * than the eager ring holds). The k-th send of a tag must land in the k-th
+ * buffer of that tag whatever path each took; nothing may wait for ever. */
+static void eager_interleaved(const char* prov) {
+  enum { BIG = 12000, SMALL = 64, NSMALL = 40, ROUNDS = 3, SLOT = BIG };
+  conn c;
+  open_conn(prov, &c);
+  cr_assert_gt(BIG, fab_g.params.eager_max, "BIG must take the announced path");
+  cr_assert_leq(SMALL, fab_g.params.eager_max, "SMALL must be able to go eager");
+  enum { NMSG = 4 + NSMALL };
+  char* sb = malloc((size_t)NMSG * SLOT);
+  char* rb = malloc((size_t)NMSG * SLOT);
+  void *smh, *rmh;
+  cr_assert_eq(api->reg_mr(c.s, sb, (size_t)NMSG * SLOT, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, (size_t)NMSG * SLOT, FAB_PTR_HOST, &rmh), FAB_OK);
+  for (int round = 0; round < ROUNDS; round++) {
+    /* sends, in this order: tag 1 big, tag 1 small, tag 2 small, tag 2 big, then NSMALL small on tag 3 */
+    int tags[NMSG];
+    size_t sizes[NMSG];
+    for (int m = 0; m < NMSG; m++) {
+      tags[m] = m < 4 ? 1 + m / 2 : 3;
+      sizes[m] = (m == 0 || m == 3) ? BIG : SMALL;
+      memset(sb + (size_t)m * SLOT, (char)(round * 50 + m + 1), sizes[m]);
+    }
+    void* sq[NMSG];
+    for (int m = 0; m < NMSG; m++) {
+      sq[m] = NULL;
+      while (!sq[m]) cr_assert_eq(api->isend(c.s, sb + (size_t)m * SLOT, sizes[m], tags[m], smh, NULL, &sq[m]), FAB_OK);
+    }
+    for (int poll = 0; poll < 200; poll++) { /* let the eager ones land and be held */
+      int done;
+      for (int m = 0; m < NMSG; m++)
+        if (sq[m] && api->test(sq[m], &done, NULL) == FAB_OK && done) sq[m] = NULL;
+    }
+    memset(rb, 0, (size_t)NMSG * SLOT);
+    /* one grouped receive for tags 1,1,2,2 (every buffer big enough), then
+     * groups of 8 for tag 3, posted in the order of their sends */
+    void* rq[1 + NSMALL / 8];
+    void* d[8];
+    size_t rs[8];
+    int rt[8];
+    void* mh[8];
+    for (int i = 0; i < 4; i++) d[i] = rb + (size_t)i * SLOT, rs[i] = SLOT, rt[i] = tags[i], mh[i] = rmh;
+    rq[0] = NULL;
+    while (!rq[0]) cr_assert_eq(api->irecv(c.r, 4, d, rs, rt, mh, NULL, &rq[0]), FAB_OK);
+    for (int g = 0; g < NSMALL / 8; g++) {
+      for (int i = 0; i < 8; i++)
+        d[i] = rb + (size_t)(4 + g * 8 + i) * SLOT, rs[i] = SLOT, rt[i] = 3, mh[i] = rmh;
+      rq[1 + g] = NULL;
+      while (!rq[1 + g]) cr_assert_eq(api->irecv(c.r, 8, d, rs, rt, mh, NULL, &rq[1 + g]), FAB_OK);
+    }
+    int got[8];
+    cr_assert_eq(wait_req(rq[0], got), FAB_OK, "round %d: the tags 1/2 group", round);
+    for (int i = 0; i < 4; i++) cr_assert_eq(got[i], (int)sizes[i], "round %d buffer %d: %d bytes", round, i, got[i]);
+    for (int g = 0; g < NSMALL / 8; g++) {
+      cr_assert_eq(wait_req(rq[1 + g], got), FAB_OK, "round %d: tag 3 group %d", round, g);
+      for (int i = 0; i < 8; i++) cr_assert_eq(got[i], SMALL);
+    }
+    for (int m = 0; m < NMSG; m++) {
+      if (sq[m]) cr_assert_eq(wait_req(sq[m], NULL), FAB_OK);
+      const char* b = rb + (size_t)m * SLOT;
+      for (size_t i = 0; i < sizes[m]; i++)
+        cr_assert_eq(b[i], (char)(round * 50 + m + 1), "round %d message %d byte %zu: wrong buffer or data", round,
+                     m, i);
+    }
+  }
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
+  free(sb);
+  free(rb);
+}
+
+Test(rdma, eager_interleaved_tcp) { eager_interleaved("tcp"); }
+Test(rdma, eager_interleaved_shm) { eager_interleaved("shm"); }

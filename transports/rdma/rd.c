@@ -9,7 +9,7 @@
 /* --- comm lifetime and handshake ------------------------------------------------ */
 
 static fab_result rd_comm_init(fab_comm* c) {
-  if (c->kind != FAB_OBJ_SEND) return FAB_OK;
+  if (c->kind != FAB_OBJ_SEND) return rd_eager_recv_init(c);
   rd_scomm* s = rd_s(c);
   size_t len = RD_SLOTS * sizeof(rd_ctrl);
   s->box = aligned_alloc(4096, len);
@@ -31,6 +31,7 @@ static fab_result rd_comm_init(fab_comm* c) {
 /* The peer may still be announcing into the mailbox (it does not know we
  * closed): retired, not freed (fab_rma_buf_retire). */
 static void rd_comm_fini(fab_comm* c) {
+  rd_eager_fini(c);
   if (c->kind != FAB_OBJ_SEND || !c->ep) return;
   rd_scomm* s = rd_s(c);
   if (s->box_mr.mr) fab_rma_buf_retire(c->ep, &s->box_mr, s->box);
@@ -64,6 +65,7 @@ static fab_result rd_accept_payload(fab_comm* c, const void* in, size_t in_len, 
   }
   rd_rcomm* r = rd_r(c);
   r->box = (fab_window){.addr = h.box_addr, .len = RD_SLOTS * sizeof(rd_ctrl), .key = h.box_key};
+  *out_len = rd_eager_welcome(c, out, cap);
   return FAB_OK;
 }
 
@@ -85,11 +87,12 @@ static void rd_remote_data(fab_endpoint* ep, const fab_cqe* e) {
   if (type == RD_CTRL) {
     if (c->kind == FAB_OBJ_SEND) rd_send_landed(c, rd_cq_low(d));
     else rd_protocol_error(c, "a buffer announcement arrived on a receiving connection");
+  } else if (type == RD_EAGER) {
+    if (c->kind == FAB_OBJ_RECV) rd_eager_landed(c, rd_cq_slot(d), rd_cq_low(d));
+    else rd_protocol_error(c, "an eager message arrived on a sending connection");
   } else if (type == RD_DATA || type == RD_TRUNC) {
     if (c->kind == FAB_OBJ_RECV) rd_recv_landed(c, type, rd_cq_slot(d), rd_cq_low(d));
     else rd_protocol_error(c, "data arrived on a sending connection");
-  } else {
-    rd_protocol_error(c, "a write of unknown type");
   }
 }
 
@@ -150,6 +153,7 @@ const fab_transport_ops fab_rdma_ops = {
     .init_req = rd_init_req,
     .connect_payload = rd_connect_payload,
     .accept_payload = rd_accept_payload,
+    .connected = rd_eager_connected,
     .isend = rd_isend,
     .irecv = rd_irecv,
     .iflush = fab_mr_iflush,

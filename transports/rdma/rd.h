@@ -33,6 +33,7 @@
 #include "fab_rma.h"
 #include "fab_transport.h"
 #include "rd_proto.h"
+#include "rd_tagmap.h"
 
 enum { RD_SEND_REQS = FAB_MAX_REQUESTS * FAB_MAX_RECVS, RD_RECV_REQS = 2 * FAB_MAX_REQUESTS };
 _Static_assert(RD_RECV_REQS * FAB_MAX_RECVS <= RD_SLOTS, "a slot names a request and a buffer; at most RD_SLOTS");
@@ -42,6 +43,7 @@ typedef struct rd_ann {
   fab_window win;
   uint32_t index;
   int32_t tag;
+  uint32_t k;
   uint16_t slot;
 } rd_ann;
 
@@ -50,7 +52,9 @@ typedef struct rd_sreq {
   void* data;
   void* desc;
   rd_ann target;
+  uint32_t k;     /* its number among the connection's sends with its tag */
   int matched;
+  int eager_slot; /* the staging slot its eager write reads (-1: none) */
 } rd_sreq;
 
 /* The sender's state lives under the endpoint lock (see rd_send.c), but for
@@ -64,20 +68,31 @@ typedef struct rd_scomm {
   _Atomic uint32_t nwait_hint; /* nwait, readable without the lock */
   rd_ann ann[RD_SLOTS];        /* announced, unmatched, in index order */
   fab_req* wait[RD_SEND_REQS]; /* sends not posted yet, in order */
+  rd_tagmap sent;              /* tag -> sends so far */
+  /* eager */
+  fab_window ring;             /* the receiver's eager ring (len 0: no eager path) */
+  uint32_t slot_size, eager_max;
+  uint16_t ring_free;          /* ring slots we may write (credits) */
+  _Atomic uint16_t stage_busy; /* staging slots whose write has not completed locally */
+  char* stage;                 /* RD_EAGER_SLOTS x slot_size, registered */
+  fab_rma_buf stage_mr;
+  uint32_t dropped;            /* announcements of eager-served buffers, not acknowledged yet */
+  uint32_t acked_sent;         /* consumption last told to the receiver */
 } rd_scomm;
 
 enum { RD_SUB_IDLE = 0, RD_SUB_WAITING = 1, RD_SUB_ANNOUNCED = 2, RD_SUB_DONE = 3 };
 
-typedef struct rd_rsub {
+typedef struct rd_rsub rd_rsub;
+struct rd_rsub {
   rd_ctrl ctrl;
   void* data;
   size_t size;
   size_t got;
   _Atomic int state; /* RD_SUB_*; DONE set by the remote-data handler */
-} rd_rsub;
+};
 
 typedef struct rd_rreq {
-  rd_rsub sub[FAB_MAX_RECVS];
+  struct rd_rsub sub[FAB_MAX_RECVS];
 } rd_rreq;
 
 typedef struct rd_backlog_entry {
@@ -87,7 +102,13 @@ typedef struct rd_backlog_entry {
 
 typedef struct rd_rcomm {
   fab_window box;          /* the sender's mailbox */
-  uint32_t next_index;     /* number of the next posted buffer */
+  rd_tagmap posted;        /* tag -> buffers so far (ep lock) */
+  char* ring;              /* eager ring: RD_EAGER_SLOTS x slot_size, registered for remote write */
+  fab_rma_buf ring_mr;
+  uint32_t slot_size;      /* 0: no eager path */
+  uint16_t ring_held;      /* slots holding a message no posted buffer took yet (ep lock) */
+  uint16_t credits;        /* slots copied out, not returned to the sender yet (ep lock) */
+  uint32_t next_index;     /* number of the next announced buffer */
   _Atomic uint32_t acked;  /* announcements proven consumed (handler writes, owner reads) */
   _Atomic uint32_t nbacklog;           /* only the owner adds; owner or handler (lock) removes */
   rd_backlog_entry backlog[RD_SLOTS]; /* buffers not announced yet, in order (ep lock) */
@@ -106,12 +127,39 @@ void rd_protocol_error(fab_comm* c, const char* what);
 /* rd_send.c */
 fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, void** request);
 void rd_send_progress(fab_comm* c);
-void rd_send_landed(fab_comm* c, uint32_t entry); /* a CTRL completion; ep lock held */
+void rd_send_landed(fab_comm* c, uint32_t low); /* a CTRL completion (entry, credits); ep lock held */
 void rd_send_cancel(fab_comm* c);
 void rd_send_give_up(fab_req* r);
 void rd_send_init_req(fab_comm* c, fab_req* r);
 
+/* rd_eager.c */
+fab_result rd_eager_recv_init(fab_comm* c);
+void rd_eager_fini(fab_comm* c);
+size_t rd_eager_welcome(fab_comm* c, void* out, size_t cap);
+fab_result rd_eager_connected(fab_comm* c, const void* in, size_t len);
+/* Sender, ep lock held: writes r into a free ring slot; 0 when it went,
+ * -FI_EAGAIN when no slot or the provider is busy. */
+ssize_t rd_eager_post(fab_comm* c, fab_req* r);
+/* Sender, ep lock held: credits returned. */
+void rd_eager_credits(fab_comm* c, uint16_t slots);
+/* Sender, ep lock held: tells the receiver how far its announcements were
+ * consumed when eager-served ones were dropped (mailbox flow control). */
+void rd_eager_ack_if_due(fab_comm* c);
+/* Receiver, ep lock held: an EAGER completion. */
+void rd_eager_landed(fab_comm* c, uint32_t slot, uint32_t size);
+/* Receiver, ep lock held: a held message for (tag, k) goes into b; 1 when
+ * one did. */
+int rd_eager_take_held(fab_comm* c, fab_req* r, struct rd_rsub* b);
+/* Receiver, ep lock held: slots to return with the next announcement. */
+uint16_t rd_eager_credits_to_return(fab_comm* c);
+
 /* rd_recv.c */
+/* ep lock held: completes buffer b of r with size bytes (copied from src
+ * when src is not NULL) or as truncated. */
+void rd_recv_complete(fab_comm* c, fab_req* r, struct rd_rsub* b, const void* src, uint32_t size);
+/* ep lock held: the open (posted, not complete) buffer with (tag, k). */
+struct rd_rsub* rd_recv_find_open(fab_comm* c, int32_t tag, uint32_t k, fab_req** r);
+void rd_recv_acked(fab_comm* c, uint32_t consumed);
 fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const int* tags, fab_mr** mrs,
                     void** request);
 void rd_recv_progress(fab_comm* c);

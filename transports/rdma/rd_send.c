@@ -12,7 +12,10 @@
 
 static void write_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_req* r = op->owner;
+  rd_sreq* q = rd_sq(r);
   if (FAB_UNLIKELY(err != NULL)) fab_req_op_failed(r, r->size, r->tag, err);
+  if (q->eager_slot >= 0) /* its staging slot is free again; before the last write below */
+    atomic_fetch_and_explicit(&rd_s(r->comm)->stage_busy, (uint16_t)~(1u << q->eager_slot), memory_order_acq_rel);
   fab_req_op_done(r, 0);
 }
 
@@ -64,32 +67,41 @@ static ssize_t post(fab_comm* c, fab_req* r) {
   return 0;
 }
 
-/* Takes the first announced buffer with tag into *out; 0 when there is none. */
-static int take(rd_scomm* s, int tag, rd_ann* out) {
-  for (uint32_t k = 0; k < s->nann; k++) {
-    if (s->ann[k].tag != tag) continue;
-    *out = s->ann[k];
-    memmove(&s->ann[k], &s->ann[k + 1], (s->nann - k - 1) * sizeof(rd_ann));
+/* Takes the announced buffer (tag, k) into *out; 0 when it is not there. */
+static int take(rd_scomm* s, int tag, uint32_t k, rd_ann* out) {
+  for (uint32_t i = 0; i < s->nann; i++) {
+    if (s->ann[i].tag != tag || s->ann[i].k != k) continue;
+    *out = s->ann[i];
+    memmove(&s->ann[i], &s->ann[i + 1], (s->nann - i - 1) * sizeof(rd_ann));
     s->nann--;
     return 1;
   }
   return 0;
 }
 
-/* Matches and posts waiting sends in order: a send of a tag never overtakes
- * an earlier one of the same tag (the earlier takes the earlier buffer).
- * ep lock held. */
+/* The waiting send (tag, k), or NULL. */
+static fab_req* waiting_send(rd_scomm* s, int tag, uint32_t k) {
+  for (uint32_t i = 0; i < s->nwait; i++) {
+    fab_req* r = s->wait[i];
+    if (r->tag == tag && rd_sq(r)->k == k) return r;
+  }
+  return NULL;
+}
+
+/* Posts waiting sends whose buffer was announced, or that fit an eager slot
+ * that came back. ep lock held. */
 static void post_waiting(fab_comm* c) {
   rd_scomm* s = rd_s(c);
   uint32_t kept = 0;
-  for (uint32_t k = 0; k < s->nwait; k++) {
-    fab_req* r = s->wait[k];
+  for (uint32_t i = 0; i < s->nwait; i++) {
+    fab_req* r = s->wait[i];
     rd_sreq* q = rd_sq(r);
-    if (!q->matched) q->matched = take(s, r->tag, &q->target);
-    if (q->matched && post(c, r) != -FI_EAGAIN) continue;
+    if (!q->matched) q->matched = take(s, r->tag, q->k, &q->target);
+    if (q->matched ? post(c, r) != -FI_EAGAIN : rd_eager_post(c, r) == 0) continue;
     s->wait[kept++] = r;
   }
   s->nwait = kept;
+  atomic_store_explicit(&s->nwait_hint, kept, memory_order_relaxed);
 }
 
 /* Moves landed announcements, in index order, to the announced list.
@@ -101,27 +113,43 @@ static void consume(fab_comm* c) {
     if (!s->landed[entry]) return;
     rd_ctrl e = s->box[entry];
     s->landed[entry] = 0;
-    if (e.index != i || e.check != (i ^ RD_CTRL_MAGIC) || (e.slot >> 3) >= RD_RECV_REQS ||
+    if (e.index != i || e.check != (i ^ e.k ^ RD_CTRL_MAGIC) || (e.slot >> 3) >= RD_RECV_REQS ||
         (e.slot & 7) >= FAB_MAX_RECVS || e.size > c->max_bytes || s->nann >= RD_SLOTS) {
       rd_protocol_error(c, "a malformed buffer announcement (wrong number, checksum, slot or size)");
       return;
     }
-    s->ann[s->nann++] = (rd_ann){.win = {.addr = e.addr, .len = e.size, .key = e.key},
-                                 .index = e.index, .tag = e.tag, .slot = e.slot};
     s->next_index = i + 1;
+    rd_ann a = {.win = {.addr = e.addr, .len = e.size, .key = e.key}, .index = e.index, .tag = e.tag, .k = e.k,
+                .slot = e.slot};
+    if (e.k >= rd_tagmap_peek(&s->sent, e.tag)) { /* for a send still to come */
+      s->ann[s->nann++] = a;
+      continue;
+    }
+    fab_req* r = waiting_send(s, e.tag, e.k);
+    if (r && !rd_sq(r)->matched) { /* its send waits for it */
+      rd_sq(r)->target = a;
+      rd_sq(r)->matched = 1;
+    } else {
+      s->dropped++; /* its send went eager: nothing will be written for it */
+    }
   }
 }
 
-void rd_send_landed(fab_comm* c, uint32_t entry) {
-  if (entry >= RD_SLOTS) {
-    rd_protocol_error(c, "an announcement names a mailbox entry out of range");
-    return;
-  }
+void rd_send_landed(fab_comm* c, uint32_t low) {
+  uint32_t entry = low & 0xffff;
   rd_scomm* s = rd_s(c);
-  s->landed[entry] = 1;
+  rd_eager_credits(c, (uint16_t)(low >> 16));
+  if (entry != RD_NO_ENTRY) {
+    if (entry >= RD_SLOTS) {
+      rd_protocol_error(c, "an announcement names a mailbox entry out of range");
+      return;
+    }
+    s->landed[entry] = 1;
+  }
   if (c->error != FAB_OK) return;
   consume(c);
   if (s->nwait) post_waiting(c);
+  rd_eager_ack_if_due(c);
 }
 
 /* Waiting sends whose write could not be posted (EAGAIN) are retried. */
@@ -129,8 +157,10 @@ void rd_send_progress(fab_comm* c) {
   rd_scomm* s = rd_s(c);
   if (atomic_load_explicit(&s->nwait_hint, memory_order_relaxed) == 0) return;
   pthread_mutex_lock(&c->ep->lock);
-  if (c->error == FAB_OK) post_waiting(c);
-  atomic_store_explicit(&s->nwait_hint, s->nwait, memory_order_relaxed);
+  if (c->error == FAB_OK) {
+    post_waiting(c);
+    rd_eager_ack_if_due(c);
+  }
   pthread_mutex_unlock(&c->ep->lock);
 }
 
@@ -145,19 +175,26 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   q->data = data;
   q->desc = mr ? mr->desc : NULL;
   q->matched = 0;
+  q->eager_slot = -1;
   fab_endpoint* ep = c->ep;
   pthread_mutex_lock(&ep->lock);
-  if (FAB_UNLIKELY(c->error != FAB_OK)) {
+  int64_t k = c->error == FAB_OK ? rd_tagmap_take(&s->sent, tag) : -1;
+  if (FAB_UNLIKELY(k < 0)) {
     pthread_mutex_unlock(&ep->lock);
     fab_req_put(r);
-    FAB_WARN("isend of %zu bytes (tag %d) to %s: %s", size, tag, c->peer_name, c->error_why);
-    return c->error;
+    FAB_WARN("isend of %zu bytes (tag %d) to %s: %s", size, tag, c->peer_name,
+             c->error != FAB_OK ? c->error_why : "out of memory counting the connection's tags");
+    return c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
   }
-  if (s->nwait == 0 && take(s, tag, &q->target)) q->matched = 1;
-  if (!q->matched || post(c, r) == -FI_EAGAIN) {
+  q->k = (uint32_t)k;
+  /* its buffer announced: straight into it; else eager when it fits a slot;
+   * else it waits for the announcement */
+  int went = take(s, tag, q->k, &q->target) ? (q->matched = 1, post(c, r) != -FI_EAGAIN) : rd_eager_post(c, r) == 0;
+  if (!went) {
     s->wait[s->nwait++] = r;
     atomic_store_explicit(&s->nwait_hint, s->nwait, memory_order_relaxed);
   }
+  rd_eager_ack_if_due(c);
   pthread_mutex_unlock(&ep->lock);
   *request = r; /* done, posted, waiting or failed: test reports which */
   return FAB_OK;
