@@ -88,7 +88,7 @@ static void rd_remote_data(fab_endpoint* ep, const fab_cqe* e) {
     if (c->kind == FAB_OBJ_SEND) rd_send_landed(c, rd_cq_low(d));
     else rd_protocol_error(c, "a buffer announcement arrived on a receiving connection");
   } else if (type == RD_EAGER) {
-    if (c->kind == FAB_OBJ_RECV) rd_eager_landed(c, rd_cq_slot(d), rd_cq_low(d));
+    if (c->kind == FAB_OBJ_RECV) rd_recv_eager_landed(c, rd_cq_slot(d), rd_cq_low(d));
     else rd_protocol_error(c, "an eager message arrived on a sending connection");
   } else if (type == RD_DATA || type == RD_TRUNC) {
     if (c->kind == FAB_OBJ_RECV) rd_recv_landed(c, type, rd_cq_slot(d), rd_cq_low(d));

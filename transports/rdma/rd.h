@@ -2,30 +2,32 @@
  * The rdma transport: NCCL messages as RMA writes straight into the
  * receiver's buffer.
  *
- *  irecv: each buffer is numbered (index, in posting order) and announced to
- *         the sender by an inline write of an rd_ctrl {address, key, size,
- *         tag, slot} into the sender's mailbox entry index % RD_SLOTS, with
+ *  irecv: each buffer gets k, its number among the connection's buffers with
+ *         its tag, and (unless an eager message for it is already held) a
+ *         number among announced buffers (index), and is announced to the
+ *         sender by an inline write of an rd_ctrl {address, key, size, tag,
+ *         k, slot} into the sender's mailbox entry index % RD_SLOTS, with
  *         remote CQ data naming the entry.
- *  isend: the sender takes the first announced, unmatched buffer with its
- *         tag (libfabric's tagged matching rule, so both transports match
- *         alike: NCCL's "in order per connection" and grouped receives);
- *         with none yet, the send waits in the comm's queue and is posted
- *         by a later isend or test. The data goes with fi_writedata (inline
- *         when small); its CQ data {slot, size} completes the receive.
- *  A send larger than its buffer is never written: the send fails as
- *  truncated and a TRUNC notice fails the receive the same way.
+ *  isend: the k-th send with a tag matches the k-th buffer with that tag
+ *         (libfabric's tagged rule, whichever path each message takes). With
+ *         its buffer announced, the data goes with fi_writedata (inline when
+ *         small); its CQ data {slot, size} completes the receive. Else a small
+ *         send goes eager (rd_eager.c) and a large one waits in the comm's
+ *         queue, posted by whichever thread reads its announcement.
+ *  A send larger than its (announced) buffer is never written: the send fails
+ *  as truncated and a TRUNC notice fails the receive the same way.
  *
  * Mailbox flow control: the sender consumes announcements in index order,
  * so the receiver's data arrival for buffer j proves every announcement up
- * to j consumed; buffer i is announced only while i < consumed + RD_SLOTS,
- * else it waits in the comm's backlog. Every announced buffer receives
- * exactly one write (data or TRUNC), so the backlog always drains.
+ * to j consumed (eager headers and acknowledgements say it otherwise);
+ * buffer i is announced only while i < consumed + RD_SLOTS, else it waits in
+ * the comm's backlog.
  *
- * Threads: the sender's matching state is kept under the endpoint lock, so
- * whichever thread reads an announcement's completion posts the send waiting
- * for it (a send never depends on its own comm being tested). The
- * receiver's request slots are completed by the remote-data handler (under
- * the lock, any thread); its backlog is flushed by the owner or the handler.
+ * Threads: the sender's matching state and the receiver's posting state are
+ * kept under the endpoint lock, so whichever thread reads an announcement's
+ * completion posts the send waiting for it (a send never depends on its own
+ * comm being tested). docs/architecture.md §3 has the whole picture,
+ * including why eager and announced messages cannot deadlock.
  */
 #ifndef RD_H
 #define RD_H
@@ -145,13 +147,6 @@ void rd_eager_credits(fab_comm* c, uint16_t slots);
 /* Sender, ep lock held: tells the receiver how far its announcements were
  * consumed when eager-served ones were dropped (mailbox flow control). */
 void rd_eager_ack_if_due(fab_comm* c);
-/* Receiver, ep lock held: an EAGER completion. */
-void rd_eager_landed(fab_comm* c, uint32_t slot, uint32_t size);
-/* Receiver, ep lock held: a held message for (tag, k) goes into b; 1 when
- * one did. */
-int rd_eager_take_held(fab_comm* c, fab_req* r, struct rd_rsub* b);
-/* Receiver, ep lock held: slots to return with the next announcement. */
-uint16_t rd_eager_credits_to_return(fab_comm* c);
 
 /* rd_recv.c */
 /* ep lock held: completes buffer b of r with size bytes (copied from src
@@ -160,6 +155,9 @@ void rd_recv_complete(fab_comm* c, fab_req* r, struct rd_rsub* b, const void* sr
 /* ep lock held: the open (posted, not complete) buffer with (tag, k). */
 struct rd_rsub* rd_recv_find_open(fab_comm* c, int32_t tag, uint32_t k, fab_req** r);
 void rd_recv_acked(fab_comm* c, uint32_t consumed);
+/* ep lock held: an EAGER completion (a message in ring slot `slot`, or an
+ * acknowledgement). */
+void rd_recv_eager_landed(fab_comm* c, uint32_t slot, uint32_t size);
 fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const int* tags, fab_mr** mrs,
                     void** request);
 void rd_recv_progress(fab_comm* c);

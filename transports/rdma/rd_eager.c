@@ -15,8 +15,10 @@
  * header carries the sender's consumption, and when drops pile up (or a send
  * waits) the sender acknowledges them on their own (RD_ACK_SLOT).
  *
- * All of it runs with the endpoint lock held, but the stage_busy bits (cleared
- * by write completions without it).
+ * This file is the sender's side and the setup of both; the receiver's side
+ * (landing, holding, copying out, credits) is in rd_recv.c. All of it runs
+ * with the endpoint lock held, but the stage_busy bits (cleared by write
+ * completions without it).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -162,69 +164,3 @@ void rd_eager_ack_if_due(fab_comm* c) {
   s->dropped = 0;
 }
 
-/* --- receiver ------------------------------------------------------------------------- */
-
-uint16_t rd_eager_credits_to_return(fab_comm* c) {
-  rd_rcomm* rc = rd_r(c);
-  uint16_t cr = rc->credits;
-  rc->credits = 0;
-  return cr;
-}
-
-/* A slot was copied out. Its credit goes back with the next announcement, or
- * now once a quarter of the ring waits for one. */
-static void free_slot(fab_comm* c, uint32_t slot) {
-  rd_rcomm* rc = rd_r(c);
-  rc->credits |= (uint16_t)(1u << slot);
-  if (__builtin_popcount(rc->credits) < RD_EAGER_SLOTS / 4) return;
-  uint64_t data = rd_cq_data(RD_CTRL, c->peer_id, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
-  if (fab_rma_inject_writedata(c->ep, c->peer, NULL, 0, &rc->box, 0, data) == 0) rc->credits = 0;
-}
-
-static const char* slot_payload(rd_rcomm* rc, uint32_t slot) {
-  return rc->ring + (size_t)slot * rc->slot_size + sizeof(rd_eager_hdr);
-}
-
-void rd_eager_landed(fab_comm* c, uint32_t slot, uint32_t size) {
-  rd_rcomm* rc = rd_r(c);
-  if (slot == RD_ACK_SLOT) {
-    rd_recv_acked(c, size);
-    return;
-  }
-  if (!rc->slot_size || slot >= RD_EAGER_SLOTS || (rc->ring_held >> slot & 1) ||
-      size > rc->slot_size - sizeof(rd_eager_hdr)) {
-    rd_protocol_error(c, "an eager message names a ring slot it has no credit for, or is too large");
-    return;
-  }
-  rd_eager_hdr h;
-  memcpy(&h, rc->ring + (size_t)slot * rc->slot_size, sizeof(h));
-  if (h.check != rd_eager_check(&h) || h.size != size) {
-    rd_protocol_error(c, "a malformed eager message");
-    return;
-  }
-  rd_recv_acked(c, h.consumed);
-  if (c->error != FAB_OK) return;
-  fab_req* r;
-  rd_rsub* b = rd_recv_find_open(c, h.tag, h.k, &r);
-  if (!b) {
-    rc->ring_held |= (uint16_t)(1u << slot); /* its receive is not posted yet */
-    return;
-  }
-  rd_recv_complete(c, r, b, slot_payload(rc, slot), size);
-  free_slot(c, slot);
-}
-
-int rd_eager_take_held(fab_comm* c, fab_req* r, rd_rsub* b) {
-  rd_rcomm* rc = rd_r(c);
-  for (uint32_t slot = 0; rc->ring_held >> slot; slot++) {
-    if (!(rc->ring_held >> slot & 1)) continue;
-    rd_eager_hdr h;
-    memcpy(&h, rc->ring + (size_t)slot * rc->slot_size, sizeof(h));
-    if (h.tag != b->ctrl.tag || h.k != b->ctrl.k) continue;
-    rc->ring_held &= (uint16_t)~(1u << slot);
-    rd_recv_complete(c, r, b, slot_payload(rc, slot), h.size);
-    free_slot(c, slot);
-    return 1;
-  }
-  return 0;
-}

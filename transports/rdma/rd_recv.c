@@ -20,7 +20,8 @@ static int may_announce(rd_rcomm* rc, uint32_t index) {
 static ssize_t announce(fab_comm* c, rd_rsub* b) {
   rd_rcomm* rc = rd_r(c);
   uint32_t entry = b->ctrl.index % RD_SLOTS;
-  uint16_t credits = rd_eager_credits_to_return(c);
+  uint16_t credits = rc->credits; /* eager slots copied out: given back with this announcement */
+  rc->credits = 0;
   ssize_t n = fab_rma_inject_writedata(c->ep, c->peer, &b->ctrl, sizeof(b->ctrl), &rc->box,
                                        (uint64_t)entry * sizeof(rd_ctrl),
                                        rd_cq_data(RD_CTRL, c->peer_id, 0, entry | (uint32_t)credits << 16));
@@ -68,6 +69,67 @@ static fab_result check_registered(fab_comm* c, int n, fab_mr** mrs) {
   return FAB_OK;
 }
 
+/* --- the eager ring ------------------------------------------------------------------ */
+
+/* A slot was copied out. Its credit goes back with the next announcement, or
+ * now once a quarter of the ring waits for one. */
+static void free_slot(fab_comm* c, uint32_t slot) {
+  rd_rcomm* rc = rd_r(c);
+  rc->credits |= (uint16_t)(1u << slot);
+  if (__builtin_popcount(rc->credits) < RD_EAGER_SLOTS / 4) return;
+  uint64_t data = rd_cq_data(RD_CTRL, c->peer_id, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
+  if (fab_rma_inject_writedata(c->ep, c->peer, NULL, 0, &rc->box, 0, data) == 0) rc->credits = 0;
+}
+
+static const char* slot_payload(rd_rcomm* rc, uint32_t slot) {
+  return rc->ring + (size_t)slot * rc->slot_size + sizeof(rd_eager_hdr);
+}
+
+void rd_recv_eager_landed(fab_comm* c, uint32_t slot, uint32_t size) {
+  rd_rcomm* rc = rd_r(c);
+  if (slot == RD_ACK_SLOT) {
+    rd_recv_acked(c, size);
+    return;
+  }
+  if (!rc->slot_size || slot >= RD_EAGER_SLOTS || (rc->ring_held >> slot & 1) ||
+      size > rc->slot_size - sizeof(rd_eager_hdr)) {
+    rd_protocol_error(c, "an eager message names a ring slot it has no credit for, or is too large");
+    return;
+  }
+  rd_eager_hdr h;
+  memcpy(&h, rc->ring + (size_t)slot * rc->slot_size, sizeof(h));
+  if (h.check != rd_eager_check(&h) || h.size != size) {
+    rd_protocol_error(c, "a malformed eager message");
+    return;
+  }
+  rd_recv_acked(c, h.consumed);
+  if (c->error != FAB_OK) return;
+  fab_req* r;
+  rd_rsub* b = rd_recv_find_open(c, h.tag, h.k, &r);
+  if (!b) {
+    rc->ring_held |= (uint16_t)(1u << slot); /* its receive is not posted yet */
+    return;
+  }
+  rd_recv_complete(c, r, b, slot_payload(rc, slot), size);
+  free_slot(c, slot);
+}
+
+/* A held message for b's (tag, k) goes into b; 1 when one did. */
+static int take_held(fab_comm* c, fab_req* r, rd_rsub* b) {
+  rd_rcomm* rc = rd_r(c);
+  for (uint32_t slot = 0; rc->ring_held >> slot; slot++) {
+    if (!(rc->ring_held >> slot & 1)) continue;
+    rd_eager_hdr h;
+    memcpy(&h, rc->ring + (size_t)slot * rc->slot_size, sizeof(h));
+    if (h.tag != b->ctrl.tag || h.k != b->ctrl.k) continue;
+    rc->ring_held &= (uint16_t)~(1u << slot);
+    rd_recv_complete(c, r, b, slot_payload(rc, slot), h.size);
+    free_slot(c, slot);
+    return 1;
+  }
+  return 0;
+}
+
 /* Numbers buffer i of r (per tag, and among announced ones) and takes a held
  * eager message for it, or announces it (or backlogs it). */
 static ssize_t post_buffer(fab_comm* c, fab_req* r, int i, void* data, size_t size, int tag, fab_mr* mr) {
@@ -81,7 +143,7 @@ static ssize_t post_buffer(fab_comm* c, fab_req* r, int i, void* data, size_t si
   b->ctrl = (rd_ctrl){.addr = fab_mr_remote_addr(mr, data), .key = mr->key, .size = size, .tag = tag,
                       .k = (uint32_t)k, .slot = (uint16_t)(r->pool_index << 3 | (uint32_t)i)};
   sub_set(b, RD_SUB_WAITING);
-  if (rc->ring_held && rd_eager_take_held(c, r, b)) return 0; /* its message came first: no announcement */
+  if (rc->ring_held && take_held(c, r, b)) return 0; /* its message came first: no announcement */
   b->ctrl.index = rc->next_index++;
   b->ctrl.check = b->ctrl.index ^ b->ctrl.k ^ RD_CTRL_MAGIC;
   ssize_t n = -FI_EAGAIN;
