@@ -287,6 +287,16 @@ static void release(fab_mr* m) {
 }
 
 fab_result fab_mr_deregister(void* mhandle) {
+  fab_mr* live = fab_obj_get(mhandle, FAB_OBJ_MR);
+  int windows = live ? atomic_load_explicit(&live->peer_windows, memory_order_acquire) : 0;
+  if (windows > 0) {
+    /* the peer holds its key for a posted receive: closing the registration
+     * would drop its write silently (tcp) or hang it (shm) */
+    FAB_WARN("deregMr: %p backs %d receive buffer%s announced to a peer that may still write into %s; deregister "
+             "after the receive completes or its comm is closed", mhandle, windows, windows == 1 ? "" : "s",
+             windows == 1 ? "it" : "them");
+    return FAB_ERR_INVALID_USAGE;
+  }
   fab_mr* m = fab_obj_remove(mhandle, FAB_OBJ_MR);
   /* after the removal: a comm that read the old generation cached m before
    * it, and drops it at its next call */

@@ -35,6 +35,7 @@ typedef struct fab_mr {
   int cuda_dev;
   void* desc; /* what goes to libfabric; NULL when the provider needs none */
   uint64_t key; /* remote key; FI_KEY_NOTAVAIL when not registered */
+  _Atomic int peer_windows; /* posted receives announced to a peer (rdma): deregistration refused meanwhile */
   fab_mr_entry* entry;
   fab_device* dev; /* physical device whose domain holds entry */
   void* handle;

@@ -11,7 +11,7 @@
 static fab_result rd_comm_init(fab_comm* c) {
   if (c->kind != FAB_OBJ_SEND) return rd_eager_recv_init(c);
   rd_scomm* s = rd_s(c);
-  size_t len = RD_SLOTS * sizeof(rd_ctrl);
+  size_t len = 4096 * ((RD_SLOTS * sizeof(rd_ctrl) + RD_SCRATCH + 4095) / 4096);
   s->box = aligned_alloc(4096, len);
   if (!s->box) {
     FAB_WARN("connect: out of memory for the rdma mailbox");
@@ -64,7 +64,7 @@ static fab_result rd_accept_payload(fab_comm* c, const void* in, size_t in_len, 
     return FAB_ERR_REMOTE;
   }
   rd_rcomm* r = rd_r(c);
-  r->box = (fab_window){.addr = h.box_addr, .len = RD_SLOTS * sizeof(rd_ctrl), .key = h.box_key};
+  r->box = (fab_window){.addr = h.box_addr, .len = RD_SLOTS * sizeof(rd_ctrl) + RD_SCRATCH, .key = h.box_key};
   *out_len = rd_eager_welcome(c, out, cap);
   return FAB_OK;
 }

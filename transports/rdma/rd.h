@@ -87,6 +87,7 @@ enum { RD_SUB_IDLE = 0, RD_SUB_WAITING = 1, RD_SUB_ANNOUNCED = 2, RD_SUB_DONE = 
 typedef struct rd_rsub rd_rsub;
 struct rd_rsub {
   rd_ctrl ctrl;
+  fab_mr* mr; /* its registration, held (peer_windows) until it completes */
   void* data;
   size_t size;
   size_t got;
@@ -120,6 +121,9 @@ static inline rd_scomm* rd_s(fab_comm* c) { return fab_comm_tp(c); }
 static inline rd_rcomm* rd_r(fab_comm* c) { return fab_comm_tp(c); }
 static inline rd_sreq* rd_sq(fab_req* r) { return fab_req_tp(r); }
 static inline rd_rreq* rd_rq(fab_req* r) { return fab_req_tp(r); }
+
+/* The source of credit and acknowledgement writes (8 bytes into RD_SCRATCH). */
+extern const uint64_t rd_scratch_word;
 
 /* Drives the comm's endpoint (and its home endpoint, for an own one). */
 void rd_poll(fab_comm* c);

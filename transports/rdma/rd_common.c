@@ -3,6 +3,8 @@
 
 #include "rd.h"
 
+const uint64_t rd_scratch_word = 0;
+
 void rd_poll(fab_comm* c) {
   fab_ep_poll(c->ep);
   if (FAB_UNLIKELY(c->home != NULL)) fab_ep_poll(c->home);

@@ -38,7 +38,7 @@ fab_result rd_eager_recv_init(fab_comm* c) {
   size_t max = fab_g.params.eager_max;
   if (!max) return FAB_OK;
   uint32_t slot = slot_size_for(max);
-  size_t len = round_page((size_t)RD_EAGER_SLOTS * slot);
+  size_t len = round_page((size_t)RD_EAGER_SLOTS * slot + RD_SCRATCH);
   rc->ring = aligned_alloc(4096, len);
   if (!rc->ring) {
     FAB_WARN("accept: out of memory for the rdma eager ring (%zu bytes; FABRIC_EAGER_MAX=0 turns it off)", len);
@@ -107,7 +107,8 @@ fab_result rd_eager_connected(fab_comm* c, const void* in, size_t len) {
     s->stage = NULL;
     return FAB_ERR_SYSTEM;
   }
-  s->ring = (fab_window){.addr = w.ring_addr, .len = (uint64_t)w.ring_slots * w.slot_size, .key = w.ring_key};
+  s->ring = (fab_window){.addr = w.ring_addr, .len = (uint64_t)w.ring_slots * w.slot_size + RD_SCRATCH,
+                         .key = w.ring_key};
   s->slot_size = w.slot_size;
   size_t max = w.slot_size - sizeof(rd_eager_hdr);
   s->eager_max = (uint32_t)(fab_g.params.eager_max < max ? fab_g.params.eager_max : max);
@@ -159,7 +160,9 @@ void rd_eager_ack_if_due(fab_comm* c) {
   if (!s->ring.len || !s->dropped) return;
   if (s->nwait == 0 && s->dropped < RD_SLOTS / 4) return;
   uint64_t data = rd_cq_data(RD_EAGER, c->peer_id, RD_ACK_SLOT, s->next_index);
-  if (fab_rma_inject_writedata(c->ep, c->peer, NULL, 0, &s->ring, 0, data) != 0) return; /* next time */
+  if (fab_rma_inject_writedata(c->ep, c->peer, &rd_scratch_word, sizeof(rd_scratch_word), &s->ring,
+                               (uint64_t)RD_EAGER_SLOTS * s->slot_size, data) != 0)
+    return; /* next time */
   s->acked_sent = s->next_index;
   s->dropped = 0;
 }

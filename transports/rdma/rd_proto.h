@@ -15,6 +15,9 @@ enum {
   RD_EAGER_SLOTS = 16,  /* eager ring slots per recv comm (a 16-bit credit map) */
   RD_NO_ENTRY = 0xffff, /* CTRL: credits only, no announcement */
   RD_ACK_SLOT = 0x3ff,  /* EAGER: an acknowledgement, no message */
+  RD_SCRATCH = 64,      /* bytes past the mailbox and the ring that credit and acknowledgement
+                         * writes land in (8 bytes each: 0-byte RMA writes crashed rxm's target
+                         * side intermittently) */
 };
 
 /* One announced receive buffer (receiver -> sender mailbox, one inline

@@ -8,6 +8,13 @@
 #include "rd.h"
 
 static inline void sub_set(rd_rsub* b, int state) { atomic_store_explicit(&b->state, state, memory_order_relaxed); }
+
+/* A buffer is done: its registration may be deregistered again. */
+static inline void sub_finish(rd_rsub* b) {
+  if (b->mr) atomic_fetch_sub_explicit(&b->mr->peer_windows, 1, memory_order_acq_rel);
+  b->mr = NULL;
+  sub_set(b, RD_SUB_DONE);
+}
 static inline int sub_get(rd_rsub* b) { return atomic_load_explicit(&b->state, memory_order_relaxed); }
 static inline uint32_t backlog_len(rd_rcomm* rc) { return atomic_load_explicit(&rc->nbacklog, memory_order_acquire); }
 
@@ -78,7 +85,9 @@ static void free_slot(fab_comm* c, uint32_t slot) {
   rc->credits |= (uint16_t)(1u << slot);
   if (__builtin_popcount(rc->credits) < RD_EAGER_SLOTS / 4) return;
   uint64_t data = rd_cq_data(RD_CTRL, c->peer_id, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
-  if (fab_rma_inject_writedata(c->ep, c->peer, NULL, 0, &rc->box, 0, data) == 0) rc->credits = 0;
+  if (fab_rma_inject_writedata(c->ep, c->peer, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box,
+                               RD_SLOTS * sizeof(rd_ctrl), data) == 0)
+    rc->credits = 0;
 }
 
 static const char* slot_payload(rd_rcomm* rc, uint32_t slot) {
@@ -140,6 +149,8 @@ static ssize_t post_buffer(fab_comm* c, fab_req* r, int i, void* data, size_t si
   b->data = data;
   b->size = size;
   b->got = 0;
+  b->mr = mr;
+  atomic_fetch_add_explicit(&mr->peer_windows, 1, memory_order_acq_rel);
   b->ctrl = (rd_ctrl){.addr = fab_mr_remote_addr(mr, data), .key = mr->key, .size = size, .tag = tag,
                       .k = (uint32_t)k, .slot = (uint16_t)(r->pool_index << 3 | (uint32_t)i)};
   sub_set(b, RD_SUB_WAITING);
@@ -213,7 +224,7 @@ void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint
     r->result = FAB_ERR_INVALID_USAGE;
     r->errmsg = strdup(msg);
   }
-  sub_set(b, RD_SUB_DONE);
+  sub_finish(b);
   fab_req_op_done(r, 1);
 }
 
@@ -281,7 +292,7 @@ static void drop_backlog(fab_comm* c, fab_req* only) {
     rd_rsub* b = &rd_rq(e.r)->sub[e.sub];
     if (sub_get(b) == RD_SUB_DONE) continue; /* an eager message completed it */
     if (e.r->result == FAB_OK) e.r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
-    sub_set(b, RD_SUB_DONE);
+    sub_finish(b);
     fab_req_op_done(e.r, 1);
   }
   atomic_store_explicit(&rc->nbacklog, kept, memory_order_release);
@@ -301,7 +312,7 @@ void rd_recv_cancel(fab_comm* c) {
     for (int k = 0; k < r->n; k++) {
       rd_rsub* b = &rd_rq(r)->sub[k];
       if (sub_get(b) == RD_SUB_DONE || sub_get(b) == RD_SUB_IDLE) continue;
-      sub_set(b, RD_SUB_DONE);
+      sub_finish(b);
       fab_req_op_done(r, 1);
     }
   }

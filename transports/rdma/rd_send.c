@@ -34,7 +34,7 @@ static void fail_send(fab_comm* c, fab_req* r, fab_result rc, const char* msg) {
 static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
   rd_ann* t = &rd_sq(r)->target;
   uint32_t size = r->size > UINT32_MAX ? UINT32_MAX : (uint32_t)r->size;
-  ssize_t rc = fab_rma_inject_writedata(c->ep, c->peer, NULL, 0, &t->win, 0,
+  ssize_t rc = fab_rma_inject_writedata(c->ep, c->peer, &rd_scratch_word, 0, &t->win, 0,
                                         rd_cq_data(RD_TRUNC, c->peer_id, t->slot, size));
   if (rc == -FI_EAGAIN) return rc;
   char msg[320];
