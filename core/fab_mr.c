@@ -242,6 +242,7 @@ fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint6
   m->cuda_dev = -1;
   m->dev = dev;
   m->key = FI_KEY_NOTAVAIL;
+  atomic_init(&m->refs, 1); /* the handle */
   if (type == FAB_PTR_CUDA) {
     m->cuda_dev = fab_cuda_ptr_device(data);
     if (m->cuda_dev < 0) {
@@ -273,7 +274,9 @@ fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint6
   return FAB_OK;
 }
 
-static void release(fab_mr* m) {
+/* Closes the libfabric registration behind m: from here on a peer's write
+ * with its key is refused by the provider (nothing lands). */
+static void release_entry(fab_mr* m) {
   fab_mr_cache* cache = m->dev->dom->mr_cache;
   if (m->entry) {
     if (m->entry->cached) {
@@ -283,20 +286,14 @@ static void release(fab_mr* m) {
       free(m->entry);
     }
   }
-  free(m);
+  m->entry = NULL;
+}
+
+void fab_mr_unhold(fab_mr* m) {
+  if (atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1) free(m);
 }
 
 fab_result fab_mr_deregister(void* mhandle) {
-  fab_mr* live = fab_obj_get(mhandle, FAB_OBJ_MR);
-  int windows = live ? atomic_load_explicit(&live->peer_windows, memory_order_acquire) : 0;
-  if (windows > 0) {
-    /* the peer holds its key for a posted receive: closing the registration
-     * would drop its write silently (tcp) or hang it (shm) */
-    FAB_WARN("deregMr: %p backs %d receive buffer%s announced to a peer that may still write into %s; deregister "
-             "after the receive completes or its comm is closed", mhandle, windows, windows == 1 ? "" : "s",
-             windows == 1 ? "it" : "them");
-    return FAB_ERR_INVALID_USAGE;
-  }
   fab_mr* m = fab_obj_remove(mhandle, FAB_OBJ_MR);
   /* after the removal: a comm that read the old generation cached m before
    * it, and drops it at its next call */
@@ -311,7 +308,16 @@ fab_result fab_mr_deregister(void* mhandle) {
   pthread_mutex_lock(&cache->lock);
   fab_list_del(&m->node);
   pthread_mutex_unlock(&cache->lock);
-  release(m);
+  release_entry(m);
+  int held = atomic_load_explicit(&m->refs, memory_order_acquire) - 1;
+  if (held > 0) {
+    atomic_store_explicit(&m->gone, 1, memory_order_release);
+    FAB_WARN("deregMr: %p backed %d receive buffer%s still announced to a peer; the peer's writes into %s are now "
+             "refused and %s with an error; deregister after receives complete, or close their comm first",
+             mhandle, held, held == 1 ? "" : "s", held == 1 ? "it" : "them", held == 1 ? "that receive fails" :
+             "those receives fail");
+  }
+  fab_mr_unhold(m);
   return FAB_OK;
 }
 

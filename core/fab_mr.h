@@ -35,7 +35,8 @@ typedef struct fab_mr {
   int cuda_dev;
   void* desc; /* what goes to libfabric; NULL when the provider needs none */
   uint64_t key; /* remote key; FI_KEY_NOTAVAIL when not registered */
-  _Atomic int peer_windows; /* posted receives announced to a peer (rdma): deregistration refused meanwhile */
+  _Atomic int refs;  /* the handle, plus each posted receive announced with it (rdma): the last frees it */
+  _Atomic int gone;  /* deregistered while receives still held it: those receives fail */
   fab_mr_entry* entry;
   fab_device* dev; /* physical device whose domain holds entry */
   void* handle;
@@ -69,6 +70,12 @@ void fab_mr_cache_release(fab_mr_cache* c, fab_mr_entry* e, fab_mr_close_fn clos
 fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint64_t offset, int fd,
                            void** mhandle, const char* fn);
 fab_result fab_mr_deregister(void* mhandle);
+
+/* A posted receive announced to a peer holds m (refs) so that its memory
+ * stays valid for the receive's bookkeeping after a deregistration;
+ * fab_mr_unhold drops the hold. */
+static inline void fab_mr_hold(fab_mr* m) { atomic_fetch_add_explicit(&m->refs, 1, memory_order_acq_rel); }
+void fab_mr_unhold(fab_mr* m);
 
 /* Moves with every deregistration (after the handle is dead): a comm's
  * cached last handle is only trusted while it has not moved. */

@@ -31,6 +31,7 @@ static fab_result rd_comm_init(fab_comm* c) {
 /* The peer may still be announcing into the mailbox (it does not know we
  * closed): retired, not freed (fab_rma_buf_retire). */
 static void rd_comm_fini(fab_comm* c) {
+  if (c->kind == FAB_OBJ_RECV) rd_recv_release(c);
   rd_eager_fini(c);
   if (c->kind != FAB_OBJ_SEND || !c->ep) return;
   rd_scomm* s = rd_s(c);
@@ -103,10 +104,13 @@ static void rd_init_req(fab_comm* c, fab_req* r) {
 }
 
 static void rd_progress(fab_comm* c, fab_req* r) {
-  (void)r;
   rd_poll(c);
-  if (c->kind == FAB_OBJ_SEND) rd_send_progress(c);
-  else rd_recv_progress(c);
+  if (c->kind == FAB_OBJ_SEND) {
+    rd_send_progress(c);
+  } else {
+    rd_recv_progress(c);
+    rd_recv_check_gone(c, r);
+  }
 }
 
 static void rd_sizes(fab_req* r, int* sizes) {

@@ -87,7 +87,7 @@ enum { RD_SUB_IDLE = 0, RD_SUB_WAITING = 1, RD_SUB_ANNOUNCED = 2, RD_SUB_DONE = 
 typedef struct rd_rsub rd_rsub;
 struct rd_rsub {
   rd_ctrl ctrl;
-  fab_mr* mr; /* its registration, held (peer_windows) until it completes */
+  fab_mr* mr; /* its registration, held (fab_mr_hold) until it completes */
   void* data;
   size_t size;
   size_t got;
@@ -162,6 +162,10 @@ void rd_recv_acked(fab_comm* c, uint32_t consumed);
 /* ep lock held: an EAGER completion (a message in ring slot `slot`, or an
  * acknowledgement). */
 void rd_recv_eager_landed(fab_comm* c, uint32_t slot, uint32_t size);
+/* test of r: fails its buffers whose registration was deregistered meanwhile. */
+void rd_recv_check_gone(fab_comm* c, fab_req* r);
+/* comm free: the buffers let go of their registrations. */
+void rd_recv_release(fab_comm* c);
 fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const int* tags, fab_mr** mrs,
                     void** request);
 void rd_recv_progress(fab_comm* c);

@@ -9,9 +9,9 @@
 
 static inline void sub_set(rd_rsub* b, int state) { atomic_store_explicit(&b->state, state, memory_order_relaxed); }
 
-/* A buffer is done: its registration may be deregistered again. */
+/* A buffer is done: it lets go of its registration. */
 static inline void sub_finish(rd_rsub* b) {
-  if (b->mr) atomic_fetch_sub_explicit(&b->mr->peer_windows, 1, memory_order_acq_rel);
+  if (b->mr) fab_mr_unhold(b->mr);
   b->mr = NULL;
   sub_set(b, RD_SUB_DONE);
 }
@@ -150,7 +150,7 @@ static ssize_t post_buffer(fab_comm* c, fab_req* r, int i, void* data, size_t si
   b->size = size;
   b->got = 0;
   b->mr = mr;
-  atomic_fetch_add_explicit(&mr->peer_windows, 1, memory_order_acq_rel);
+  fab_mr_hold(mr);
   b->ctrl = (rd_ctrl){.addr = fab_mr_remote_addr(mr, data), .key = mr->key, .size = size, .tag = tag,
                       .k = (uint32_t)k, .slot = (uint16_t)(r->pool_index << 3 | (uint32_t)i)};
   sub_set(b, RD_SUB_WAITING);
@@ -322,4 +322,41 @@ void rd_recv_give_up(fab_req* r) {
   pthread_mutex_lock(&r->comm->ep->lock);
   drop_backlog(r->comm, r);
   pthread_mutex_unlock(&r->comm->ep->lock);
+}
+
+/* test of r: a buffer whose registration was deregistered while it was
+ * announced can never be written (the provider refuses the key): it fails. */
+void rd_recv_check_gone(fab_comm* c, fab_req* r) {
+  for (int k = 0; k < r->n; k++) {
+    rd_rsub* b = &rd_rq(r)->sub[k];
+    if (!b->mr || !atomic_load_explicit(&b->mr->gone, memory_order_acquire)) continue;
+    pthread_mutex_lock(&c->ep->lock);
+    if (sub_get(b) != RD_SUB_DONE && b->mr) {
+      if (r->result == FAB_OK) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "receive of %zu bytes (tag %d) from %s failed: its buffer was deregistered while "
+                 "the receive was posted", b->size, b->ctrl.tag, c->peer_name);
+        r->result = FAB_ERR_INVALID_USAGE;
+        r->errmsg = strdup(msg);
+      }
+      sub_finish(b);
+      fab_req_op_done(r, 1);
+    }
+    pthread_mutex_unlock(&c->ep->lock);
+  }
+}
+
+/* The comm is freed (libfabric no longer references it): its buffers let go
+ * of their registrations. */
+void rd_recv_release(fab_comm* c) {
+  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
+  for (uint32_t i = 0; i < used; i++) {
+    fab_req* r = fab_pool_at(&c->reqs, i);
+    if (r->magic != FAB_REQ_MAGIC) continue;
+    for (int k = 0; k < FAB_MAX_RECVS; k++) {
+      rd_rsub* b = &rd_rq(r)->sub[k];
+      if (b->mr) fab_mr_unhold(b->mr);
+      b->mr = NULL;
+    }
+  }
 }

@@ -189,7 +189,13 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   q->k = (uint32_t)k;
   /* its buffer announced: straight into it; else eager when it fits a slot;
    * else it waits for the announcement */
-  int went = take(s, tag, q->k, &q->target) ? (q->matched = 1, post(c, r) != -FI_EAGAIN) : rd_eager_post(c, r) == 0;
+  int went;
+  if (take(s, tag, q->k, &q->target)) {
+    q->matched = 1;
+    went = post(c, r) != -FI_EAGAIN;
+  } else {
+    went = rd_eager_post(c, r) == 0;
+  }
   if (!went) {
     s->wait[s->nwait++] = r;
     atomic_store_explicit(&s->nwait_hint, s->nwait, memory_order_relaxed);
