@@ -276,7 +276,12 @@ fab_result fab_domain_open(fab_device* d) {
     FAB_WARN("out of memory opening device %s", d->name);
     return FAB_ERR_SYSTEM;
   }
-  atomic_init(&dom->next_key, 1);
+  /* Requested keys start at a random point: a stale peer (a process that
+   * talked to the previous owner of our port, say) must not find its old keys
+   * valid here. Sequential keys from 1 collided across processes. */
+  size_t ksize = d->info->domain_attr->mr_key_size;
+  uint64_t span = ksize && ksize < 8 ? (1ull << (8 * ksize - 1)) - 1 : (1ull << 62) - 1; /* room to count up */
+  atomic_init(&dom->next_key, (fab_random64() & span) | 1);
   int rc = fi_fabric(d->info->fabric_attr, &dom->fabric, NULL);
   const char* what = "fi_fabric";
   if (rc == 0) {
