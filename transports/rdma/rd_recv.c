@@ -228,11 +228,20 @@ void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint
   fab_req_op_done(r, 1);
 }
 
-rd_rsub* rd_recv_find_open(fab_comm* c, int32_t tag, uint32_t k, fab_req** out) {
+/* The requests of c in use (posted or orphaned), one per call from *i on:
+ * for (uint32_t i = 0; (r = next_in_use(c, &i));) */
+static fab_req* next_in_use(fab_comm* c, uint32_t* i) {
   uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
-  for (uint32_t i = 0; i < used; i++) {
-    fab_req* r = fab_pool_at(&c->reqs, i);
-    if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
+  while (*i < used) {
+    fab_req* r = fab_pool_at(&c->reqs, (*i)++);
+    if (r->magic == FAB_REQ_MAGIC && r->state != FAB_REQ_FREE) return r;
+  }
+  return NULL;
+}
+
+rd_rsub* rd_recv_find_open(fab_comm* c, int32_t tag, uint32_t k, fab_req** out) {
+  fab_req* r;
+  for (uint32_t i = 0; (r = next_in_use(c, &i));) {
     for (int j = 0; j < r->n; j++) {
       rd_rsub* b = &rd_rq(r)->sub[j];
       int st = sub_get(b);
@@ -305,10 +314,8 @@ static void drop_backlog(fab_comm* c, fab_req* only) {
  * exists: it is ignored. */
 void rd_recv_cancel(fab_comm* c) {
   drop_backlog(c, NULL);
-  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
-  for (uint32_t i = 0; i < used; i++) {
-    fab_req* r = fab_pool_at(&c->reqs, i);
-    if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
+  fab_req* r;
+  for (uint32_t i = 0; (r = next_in_use(c, &i));) {
     for (int k = 0; k < r->n; k++) {
       rd_rsub* b = &rd_rq(r)->sub[k];
       if (sub_get(b) == RD_SUB_DONE || sub_get(b) == RD_SUB_IDLE) continue;
@@ -349,11 +356,9 @@ void rd_recv_check_gone(fab_comm* c, fab_req* r) {
 /* The comm is freed (libfabric no longer references it): its buffers let go
  * of their registrations. */
 void rd_recv_release(fab_comm* c) {
-  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
-  for (uint32_t i = 0; i < used; i++) {
-    fab_req* r = fab_pool_at(&c->reqs, i);
-    if (r->magic != FAB_REQ_MAGIC) continue;
-    for (int k = 0; k < FAB_MAX_RECVS; k++) {
+  fab_req* r; /* a free request's buffers all let go when they finished */
+  for (uint32_t i = 0; (r = next_in_use(c, &i));) {
+    for (int k = 0; k < r->n; k++) {
       rd_rsub* b = &rd_rq(r)->sub[k];
       if (b->mr) fab_mr_unhold(b->mr);
       b->mr = NULL;
