@@ -45,6 +45,7 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, f
   fab_list_init(&c->park.node);
   atomic_init(&c->inflight, 0);
   fab_op_init(&c->probe_op, fab_comm_probe_done, c, 0);
+  fab_op_init(&c->ctl_op, fab_comm_ctl_done, c, 0);
   /* Requests are initialised on first use (fab_req_first_use), so an idle
    * comm's pool stays non-resident. The id makes the comm findable by
    * completions that name it (remote CQ data); ep lock held. */

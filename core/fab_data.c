@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "fab_mr.h"
+#include "fab_req.h"
 #include "fab_transport.h"
 
 #ifdef FI_MR_DMABUF
@@ -31,6 +32,14 @@ static inline fab_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char
 static fab_result comm_failed(fab_comm* c, const char* fn) {
   FAB_WARN("%s: the connection to %s has failed: %s; close it", fn, c->peer_name, c->error_why);
   return c->error;
+}
+
+/* The transport cannot take the operation now (NULL request: NCCL retries).
+ * A retry is a poll without progress for the liveness check, so a runtime
+ * retrying against a dead peer gets the comm's failure, not NULL for ever. */
+static __attribute__((noinline)) fab_result not_now(fab_comm* c, const char* fn) {
+  fab_comm_stalled(c);
+  return c->error != FAB_OK ? comm_failed(c, fn) : FAB_OK;
 }
 
 /* A range no registration can cover: the address space ends before it does. */
@@ -104,7 +113,9 @@ fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mh
   fab_mr* mr;
   fab_result rc = fab_mr_resolve(c, mhandle, data, size, "isend", &mr);
   if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
-  return c->ops->isend(c, data, size, tag, mr, request);
+  rc = c->ops->isend(c, data, size, tag, mr, request);
+  if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return not_now(c, "isend");
+  return rc;
 }
 
 fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags, void** mhandles,
@@ -128,7 +139,9 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
     fab_result rc = fab_mr_resolve(c, mhandles ? mhandles[i] : NULL, data[i], sizes[i], "irecv", &mrs[i]);
     if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   }
-  return c->ops->irecv(c, n, data, sizes, tags, mrs, request);
+  fab_result rc = c->ops->irecv(c, n, data, sizes, tags, mrs, request);
+  if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return not_now(c, "irecv");
+  return rc;
 }
 
 fab_result fab_iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles, void** request) {

@@ -145,6 +145,7 @@ struct fab_ctx {
 enum { FAB_ID_PAGE = 1024, FAB_ID_PAGES = 1024 }; /* comm id table: up to 2^20 ids */
 enum { FAB_CTRL_RX = 16 }; /* untagged receive buffers (connect requests, probes) per endpoint */
 enum { FAB_SWEEP_EVERY_MIN = 64, FAB_SWEEP_EVERY_MAX = 4096 }; /* data polls between sweeps */
+enum { FAB_CLOSE_DRAIN_MS = 1000 }; /* how long an endpoint's destruction waits for its closed comms */
 
 typedef struct fab_av_entry {
   uint64_t hash;
@@ -286,6 +287,7 @@ struct fab_comm {
   int peer_in_process; /* no liveness check: see fab_ep_addr_in_process */
   _Atomic uint32_t stall_polls;
   fab_op probe_op;
+  fab_op ctl_op; /* the transport's control writes (fab_rma_ctl_write) */
   char peer_name[96];
   _Alignas(16) unsigned char tp[]; /* the transport's (comm_size bytes) */
 };

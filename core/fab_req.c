@@ -125,6 +125,22 @@ void fab_comm_probe_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err
   atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
 }
 
+/* A control write went (its local completion says nothing about the peer's
+ * life, so it is not counted as a sign of it), or failed: the connection
+ * cannot go on without it. A closed comm waiting for it is freed by the next
+ * sweep. */
+void fab_comm_ctl_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  (void)done;
+  fab_comm* c = op->owner;
+  if (err && err->err != FI_ECANCELED && !c->closing) {
+    char why[160];
+    snprintf(why, sizeof(why), "a control write to the peer failed (%s): the peer closed or is gone",
+             fi_strerror(err->err));
+    fab_comm_fail(c, fab_result_from_fi(err->err), why);
+  }
+  atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
+}
+
 /* Liveness: any completion of the comm's operations counts as a sign of life.
  * When none came since the last check, a zero-byte message to the peer's
  * control receive is posted (at most one per FAB_PROBE_INTERVAL_MS): its send

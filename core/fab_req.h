@@ -81,5 +81,7 @@ static inline void fab_comm_stalled(fab_comm* c) {
 
 /* The probe's completion handler (the comm's probe_op). */
 void fab_comm_probe_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
+/* The completion handler of a transport's control writes (the comm's ctl_op). */
+void fab_comm_ctl_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
 
 #endif /* FAB_REQ_H */

@@ -16,10 +16,22 @@ ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t 
 }
 
 ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
-                                 const fab_window* w, uint64_t off, uint64_t data) {
+                                 const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (FAB_UNLIKELY(len > ep->dev->inject_size)) return -FI_EMSGSIZE;
-  return fi_inject_writedata(ep->ep, buf, len, data, peer, w->addr + off, w->key);
+  struct iovec iov = {.iov_base = (void*)buf, .iov_len = len};
+  struct fi_rma_iov rma = {.addr = w->addr + off, .len = len, .key = w->key};
+  struct fi_msg_rma msg = {.msg_iov = &iov, .iov_count = 1, .addr = peer, .rma_iov = &rma, .rma_iov_count = 1,
+                           .context = &op->ctx, .data = data};
+  return fi_writemsg(ep->ep, &msg, FI_INJECT | FI_COMPLETION | FI_REMOTE_CQ_DATA);
+}
+
+ssize_t fab_rma_ctl_write(fab_comm* c, const void* buf, size_t len, const fab_window* w, uint64_t off,
+                          uint64_t data) {
+  atomic_fetch_add_explicit(&c->inflight, 1, memory_order_relaxed);
+  ssize_t rc = fab_rma_inject_writedata(c->ep, c->peer, buf, len, w, off, data, &c->ctl_op);
+  if (rc != 0) atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_relaxed);
+  return rc;
 }
 
 ssize_t fab_rma_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, void* desc, const fab_window* w,

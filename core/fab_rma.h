@@ -35,10 +35,19 @@ ssize_t fab_rma_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, siz
                           const fab_window* w, uint64_t off, uint64_t data, fab_op* op);
 ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                       const fab_window* w, uint64_t off, fab_op* op);
-/* Inline: buf may be reused at once; no local completion. len <=
- * ep->dev->inject_size. */
+/* Inline: buf may be reused at once (len <= ep->dev->inject_size), yet op
+ * still completes or fails later, so it must outlive the operation. Every
+ * write we post carries a completion on purpose: libfabric 1.17's tcp reports
+ * a failed inline write without a completion (one to a peer that closed its
+ * connection) with no operation context, and ofi_rxm dereferences that
+ * (docs/known-bugs.md). */
 ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
-                                 const fab_window* w, uint64_t off, uint64_t data);
+                                 const fab_window* w, uint64_t off, uint64_t data, fab_op* op);
+/* A transport's control write on comm c (an announcement, credits): inline,
+ * counted in c->inflight until c->ctl_op completes it; a failure fails the
+ * comm (fab_comm_ctl_done). ep lock held. */
+ssize_t fab_rma_ctl_write(fab_comm* c, const void* buf, size_t len, const fab_window* w, uint64_t off,
+                          uint64_t data);
 ssize_t fab_rma_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, void* desc, const fab_window* w,
                      uint64_t off, fab_op* op);
 

@@ -26,7 +26,11 @@ enum helper_mode {
   H_LISTEN_EXIT, /* listen, hand over the handle, close everything and exit 0 */
   H_IDLE,        /* connect both ways, post an unmatched receive, then wait to be killed */
   H_RECV_LOOP,   /* connect both ways, then receive BIG messages in a loop until killed */
+  H_RECV_EXIT,   /* connect both ways, receive SMALL_N small messages, close everything and exit 0 */
+  H_SEND_LOOP,   /* connect both ways, then send BIG messages (tag 13) in a loop until killed */
 };
+
+enum { SMALL = 64, SMALL_N = 3000 };
 
 typedef struct helper {
   ft_peer chan; /* role FT_PARENT, pid = the helper's */
@@ -35,6 +39,46 @@ typedef struct helper {
 static void helper_fail(const char* msg) {
   (void)msg;
   _exit(FT_EXIT_FAIL);
+}
+
+/* Takes SMALL_N small messages, posts FAB_MAX_RECVS more buffers (the rdma
+ * transport announces them to the sender), then goes away cleanly: its
+ * comms, context and endpoint close, and the sender writes into a closed
+ * connection. */
+static __attribute__((noreturn)) void helper_recv_then_exit(ft_side* s, ft_conn* c, ft_peer* chan) {
+  enum { N = FAB_MAX_RECVS };
+  ft_mr rm;
+  ft_mr_alloc(s, &rm, c->recv_comm, N * SMALL);
+  void* d[N];
+  size_t len[N];
+  int tag[N];
+  void* mh[N];
+  for (int i = 0; i < N; i++) d[i] = (char*)rm.buf + i * SMALL, len[i] = SMALL, tag[i] = 12, mh[i] = rm.mh;
+  ft_send(chan, "ready", NULL, 0);
+  for (int i = 0; i < SMALL_N; i++) {
+    void* rq = ft_irecv(s, c->recv_comm, 1, d, len, tag, mh, T_MS);
+    int done = 0;
+    if (ft_test_until(s, rq, NULL, T_MS, &done) != FAB_OK || !done) _exit(FT_EXIT_FAIL);
+  }
+  (void)ft_irecv(s, c->recv_comm, N, d, len, tag, mh, T_MS); /* never completed: we leave */
+  (void)s->api->dereg_mr(rm.comm, rm.mh);
+  ft_close_all(s, c, 1);
+  ft_side_close(s);
+  _exit(0);
+}
+
+static __attribute__((noreturn)) void helper_send_loop(ft_side* s, ft_conn* c, ft_peer* chan) {
+  ft_mr sm;
+  ft_mr_alloc(s, &sm, c->send_comm, BIG);
+  ft_fill(sm.buf, BIG, 13);
+  ft_send(chan, "ready", NULL, 0);
+  void* rq = NULL;
+  for (;;) {
+    int done = 0;
+    if (!rq && s->api->isend(c->send_comm, sm.buf, BIG, 13, sm.mh, NULL, &rq) != FAB_OK) _exit(FT_EXIT_FAIL);
+    if (rq && s->api->test(rq, &done, NULL) != FAB_OK) _exit(FT_EXIT_FAIL);
+    if (done) rq = NULL;
+  }
 }
 
 static __attribute__((noreturn)) void helper_main(int fd, int mode) {
@@ -57,6 +101,8 @@ static __attribute__((noreturn)) void helper_main(int fd, int mode) {
   }
   ft_conn c;
   ft_connect_all(&s, &c, 1, T_MS);
+  if (mode == H_RECV_EXIT) helper_recv_then_exit(&s, &c, &chan);
+  if (mode == H_SEND_LOOP) helper_send_loop(&s, &c, &chan);
   ft_mr rm;
   ft_mr_alloc(&s, &rm, c.recv_comm, BIG);
   void* d = rm.buf;
@@ -357,6 +403,148 @@ static void killed_peer_body(ft_peer* peer, helper* h, int mode) {
   ft_sync(peer, "helper done", 100000);
   live_pair_works(&s, 1700);
   ft_side_close(&s);
+}
+
+/* --- a peer that exits cleanly with our sends due to it ------------------------- */
+
+/* The sends of the rdma transport write into buffers the peer announced; here
+ * the peer announced some and left, so they meet a connection it closed: on
+ * libfabric 1.17 tcp;ofi_rxm a failed inline write posted without a
+ * completion crashed the process inside the provider's progress. And on shm
+ * a runtime retrying isend (NULL request) against the departed peer was never
+ * told. The sends must end in an error with no crash and no hang, and the
+ * live pair works after. */
+static void peer_exits_body(ft_peer* peer, helper* h) {
+  setenv("FABRIC_PEER_TIMEOUT_MS", "5000", 1);
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  if (peer->role == FT_PARENT) {
+    ft_side sh = s;
+    sh.peer = &h->chan;
+    ft_conn hc;
+    ft_connect_all(&sh, &hc, 1, CONNECT_MS);
+    ft_mr sm;
+    ft_mr_alloc(&s, &sm, hc.send_comm, SMALL);
+    ft_fill(sm.buf, SMALL, 9);
+    ft_recv(&h->chan, "ready", NULL, 0, T_MS);
+    ft_phase("small sends the helper takes");
+    for (int i = 0; i < SMALL_N; i++) {
+      void* rq = ft_isend(&s, hc.send_comm, sm.buf, SMALL, 12, sm.mh, T_MS);
+      int done = 0;
+      FT_OK(ft_test_until(&s, rq, NULL, T_MS, &done));
+      FT_CHECK(done, "send %d of %d to the helper did not complete", i, SMALL_N);
+    }
+    ft_phase("waiting for the helper to leave");
+    FT_CHECK(ft_wait_child(&h->chan, 10000) == 1, "the helper did not exit within 10 s of its last receive");
+    FT_CHECK(WIFEXITED(h->chan.status) && WEXITSTATUS(h->chan.status) == 0,
+             "the helper did not exit cleanly (status 0x%x)", h->chan.status);
+    ft_phase("sends to the helper that left");
+    void* req = NULL;
+    fab_result rc = FAB_OK;
+    int w0 = ft_log_warns();
+    int64_t t0 = ft_now_ms();
+    ft_log_expect_warns(1);
+    while (rc == FAB_OK && ft_now_ms() - t0 < 20000) {
+      int done = 0;
+      if (!req) rc = s.api->isend(hc.send_comm, sm.buf, SMALL, 12, sm.mh, NULL, &req);
+      else if ((rc = s.api->test(req, &done, NULL)) == FAB_OK && done) req = NULL;
+      if (rc == FAB_OK) usleep(1000); /* one write at a time, each after the last met the closed socket */
+    }
+    ft_log_expect_warns(0);
+    FT_CHECK(rc != FAB_OK, "sends to a helper that left %lld ms ago still report no error",
+             (long long)(ft_now_ms() - t0));
+    FT_CHECK(ft_log_warns() > w0, "the failed send logged no WARN");
+    ft_phase("closing the comms of the helper");
+    (void)s.api->dereg_mr(sm.comm, sm.mh);
+    FT_OK(s.api->close_send(hc.send_comm));
+    FT_OK(s.api->close_recv(hc.recv_comm));
+    FT_OK(s.api->close_listen(hc.listen_comm));
+    ft_phase("the live peer after the helper left");
+    ft_sync(peer, "helper done", T_MS);
+    live_pair_works(&s, 1800);
+    ft_side_close(&s);
+    ft_free(sm.buf, sm.len);
+    return;
+  }
+  ft_sync(peer, "helper done", 100000);
+  live_pair_works(&s, 1800);
+  ft_side_close(&s);
+}
+
+static void peer_exits(ft_peer* peer, void* arg) { peer_exits_body(peer, arg); }
+
+Test(functional, peer_exits_with_sends_due, .init = ft_test_init, .timeout = 150) {
+  helper h;
+  helper_start(&h, H_RECV_EXIT);
+  ft_run_pair("peer_exits_with_sends_due", peer_exits, &h, 110);
+  helper_end(&h);
+}
+
+/* A sender killed in the middle of a message into our buffer: the receive
+ * must fail (one WARN), nothing may crash (on the rdma transport the write
+ * with remote CQ data is cut mid-way), and the live pair works after. */
+static void sender_killed_body(ft_peer* peer, helper* h) {
+  setenv("FABRIC_PEER_TIMEOUT_MS", "5000", 1);
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  if (peer->role == FT_PARENT) {
+    ft_side sh = s;
+    sh.peer = &h->chan;
+    ft_conn hc;
+    ft_connect_all(&sh, &hc, 1, CONNECT_MS);
+    ft_mr rm;
+    ft_mr_alloc(&s, &rm, hc.recv_comm, BIG);
+    void* d = rm.buf;
+    size_t len = BIG;
+    int tag = 13;
+    ft_recv(&h->chan, "ready", NULL, 0, T_MS);
+    ft_phase("receiving from the helper");
+    for (int i = 0; i < 3; i++) {
+      void* rq = ft_irecv(&s, hc.recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS);
+      int done = 0;
+      FT_OK(ft_test_until(&s, rq, NULL, T_MS, &done));
+      FT_CHECK(done, "receive %d from the helper did not complete", i);
+    }
+    void* rq = ft_irecv(&s, hc.recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS);
+    int done = 0;
+    for (int i = 0; i < 20 && !done; i++) FT_OK(s.api->test(rq, &done, NULL)); /* under way */
+    ft_phase("killing the sending helper");
+    helper_kill(h);
+    int64_t killed = ft_now_ms();
+    if (!done) {
+      int w0 = ft_log_warns();
+      ft_log_expect_warns(1);
+      fab_result rc = ft_test_until(&s, rq, NULL, 15000, &done);
+      ft_log_expect_warns(0);
+      FT_CHECK(rc != FAB_OK, "the receive from a sender killed %lld ms ago still reports no error (done %d)",
+               (long long)(ft_now_ms() - killed), done);
+      FT_CHECK(ft_log_warns() - w0 == 1, "the failed receive logged %d WARN lines, expected exactly 1 (last: %s)",
+               ft_log_warns() - w0, ft_log_last_warn());
+    }
+    ft_phase("closing the comms of the killed helper");
+    (void)s.api->dereg_mr(rm.comm, rm.mh);
+    FT_OK(s.api->close_send(hc.send_comm));
+    FT_OK(s.api->close_recv(hc.recv_comm));
+    FT_OK(s.api->close_listen(hc.listen_comm));
+    ft_phase("the live peer after the kill");
+    ft_sync(peer, "helper done", T_MS);
+    live_pair_works(&s, 1900);
+    ft_side_close(&s);
+    ft_free(rm.buf, rm.len);
+    return;
+  }
+  ft_sync(peer, "helper done", 100000);
+  live_pair_works(&s, 1900);
+  ft_side_close(&s);
+}
+
+static void sender_killed(ft_peer* peer, void* arg) { sender_killed_body(peer, arg); }
+
+Test(functional, sender_killed_mid_message, .init = ft_test_init, .timeout = 150) {
+  helper h;
+  helper_start(&h, H_SEND_LOOP);
+  ft_run_pair("sender_killed_mid_message", sender_killed, &h, 110);
+  helper_end(&h);
 }
 
 static void killed_mid_transfer(ft_peer* peer, void* arg) { killed_peer_body(peer, arg, H_RECV_LOOP); }

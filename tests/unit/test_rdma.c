@@ -26,7 +26,7 @@ typedef struct conn {
 static void open_conn(const char* prov, conn* c) {
   ut_use_provider(prov);
   setenv("FABRIC_TRANSPORT", "rdma", 1);
-  setenv("FABRIC_EAGER_MAX", "4096", 0); /* the eager path on (off by default), unless a case says otherwise */
+  setenv("FABRIC_EAGER_MAX", "4096", 0); /* the eager path on (the default) unless the environment says otherwise */
   cr_assert_eq(api->init(&c->ctx, 1, NULL, ut_logger, NULL), FAB_OK);
   cr_assert_eq(fab_g.devs[0]->ops, &fab_rdma_ops, "FABRIC_TRANSPORT=rdma runs the rdma transport");
   unsigned char h[FAB_HANDLE_SIZE];
@@ -318,7 +318,7 @@ Test(rma, window_bounds) {
   cr_assert_eq(fab_rma_writedata(ep, c.sc->peer, buf, 64, NULL, &w, 4090, 0, &op), -FI_EINVAL);
   cr_assert_eq(fab_rma_write(ep, c.sc->peer, buf, 64, NULL, &w, 4033, &op), -FI_EINVAL);
   cr_assert_eq(fab_rma_read(ep, c.sc->peer, buf, 64, NULL, &w, 1ull << 63, &op), -FI_EINVAL);
-  cr_assert_eq(fab_rma_inject_writedata(ep, c.sc->peer, buf, 8, &w, 4089, 0), -FI_EINVAL);
+  cr_assert_eq(fab_rma_inject_writedata(ep, c.sc->peer, buf, 8, &w, 4089, 0, &op), -FI_EINVAL);
   close_conn(&c);
 }
 

@@ -134,8 +134,8 @@ ssize_t rd_eager_post(fab_comm* c, fab_req* r) {
   uint64_t off = (uint64_t)slot * s->slot_size;
   uint64_t data = rd_cq_data(RD_EAGER, c->peer_id, (uint32_t)slot, (uint32_t)r->size);
   ssize_t rc;
-  if (total <= c->ep->dev->inject_size) {
-    rc = fab_rma_inject_writedata(c->ep, c->peer, st, total, &s->ring, off, data);
+  if (total <= c->ep->dev->inject_size) { /* the provider copies it: the slot is free on return */
+    rc = fab_rma_inject_writedata(c->ep, c->peer, st, total, &s->ring, off, data, &q->op);
   } else {
     q->eager_slot = slot;
     atomic_fetch_or_explicit(&s->stage_busy, (uint16_t)(1u << slot), memory_order_acq_rel);
@@ -149,7 +149,6 @@ ssize_t rd_eager_post(fab_comm* c, fab_req* r) {
   s->ring_free &= (uint16_t)~(1u << slot);
   s->acked_sent = s->next_index; /* the header told the receiver */
   s->dropped = 0;
-  if (total <= c->ep->dev->inject_size) fab_req_op_done(r, 0); /* the buffer is reusable at once */
   return 0;
 }
 
@@ -160,8 +159,8 @@ void rd_eager_ack_if_due(fab_comm* c) {
   if (!s->ring.len || !s->dropped) return;
   if (s->nwait == 0 && s->dropped < RD_SLOTS / 4) return;
   uint64_t data = rd_cq_data(RD_EAGER, c->peer_id, RD_ACK_SLOT, s->next_index);
-  if (fab_rma_inject_writedata(c->ep, c->peer, &rd_scratch_word, sizeof(rd_scratch_word), &s->ring,
-                               (uint64_t)RD_EAGER_SLOTS * s->slot_size, data) != 0)
+  if (fab_rma_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &s->ring,
+                        (uint64_t)RD_EAGER_SLOTS * s->slot_size, data) != 0)
     return; /* next time */
   s->acked_sent = s->next_index;
   s->dropped = 0;

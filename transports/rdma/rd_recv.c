@@ -29,9 +29,8 @@ static ssize_t announce(fab_comm* c, rd_rsub* b) {
   uint32_t entry = b->ctrl.index % RD_SLOTS;
   uint16_t credits = rc->credits; /* eager slots copied out: given back with this announcement */
   rc->credits = 0;
-  ssize_t n = fab_rma_inject_writedata(c->ep, c->peer, &b->ctrl, sizeof(b->ctrl), &rc->box,
-                                       (uint64_t)entry * sizeof(rd_ctrl),
-                                       rd_cq_data(RD_CTRL, c->peer_id, 0, entry | (uint32_t)credits << 16));
+  ssize_t n = fab_rma_ctl_write(c, &b->ctrl, sizeof(b->ctrl), &rc->box, (uint64_t)entry * sizeof(rd_ctrl),
+                                rd_cq_data(RD_CTRL, c->peer_id, 0, entry | (uint32_t)credits << 16));
   if (n != 0) {
     rc->credits |= credits;
     return n;
@@ -85,8 +84,8 @@ static void free_slot(fab_comm* c, uint32_t slot) {
   rc->credits |= (uint16_t)(1u << slot);
   if (__builtin_popcount(rc->credits) < RD_EAGER_SLOTS / 4) return;
   uint64_t data = rd_cq_data(RD_CTRL, c->peer_id, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
-  if (fab_rma_inject_writedata(c->ep, c->peer, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box,
-                               RD_SLOTS * sizeof(rd_ctrl), data) == 0)
+  if (fab_rma_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box, RD_SLOTS * sizeof(rd_ctrl),
+                        data) == 0)
     rc->credits = 0;
 }
 

@@ -34,8 +34,7 @@ static void fail_send(fab_comm* c, fab_req* r, fab_result rc, const char* msg) {
 static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
   rd_ann* t = &rd_sq(r)->target;
   uint32_t size = r->size > UINT32_MAX ? UINT32_MAX : (uint32_t)r->size;
-  ssize_t rc = fab_rma_inject_writedata(c->ep, c->peer, &rd_scratch_word, 0, &t->win, 0,
-                                        rd_cq_data(RD_TRUNC, c->peer_id, t->slot, size));
+  ssize_t rc = fab_rma_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(RD_TRUNC, c->peer_id, t->slot, size));
   if (rc == -FI_EAGAIN) return rc;
   char msg[320];
   snprintf(msg, sizeof(msg),
@@ -53,9 +52,8 @@ static ssize_t post(fab_comm* c, fab_req* r) {
   if (FAB_UNLIKELY(r->size > q->target.win.len)) return refuse_truncated(c, r);
   uint64_t data = rd_cq_data(RD_DATA, c->peer_id, q->target.slot, (uint32_t)r->size);
   ssize_t rc;
-  if (r->size <= c->ep->dev->inject_size) {
-    rc = fab_rma_inject_writedata(c->ep, c->peer, q->data, r->size, &q->target.win, 0, data);
-    if (rc == 0) fab_req_op_done(r, 0); /* the buffer is reusable at once */
+  if (r->size <= c->ep->dev->inject_size) { /* the send is done when the provider says it went */
+    rc = fab_rma_inject_writedata(c->ep, c->peer, q->data, r->size, &q->target.win, 0, data, &q->op);
   } else {
     rc = fab_rma_writedata(c->ep, c->peer, q->data, r->size, q->desc, &q->target.win, 0, data, &q->op);
   }
