@@ -15,10 +15,23 @@ ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t 
   return fi_write(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
 }
 
+/* An intra-host provider places an inline write in the peer's memory before
+ * the post returns: nothing is left to send, so the completion would say
+ * nothing (and costs a CQ entry per message). It is given at once. */
+static ssize_t inject_placed(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
+                             uint64_t off, uint64_t data, fab_op* op) {
+  ssize_t rc = fi_inject_writedata(ep->ep, buf, len, data, peer, w->addr + off, w->key);
+  if (rc != 0) return rc;
+  fab_cqe done = {.op_context = &op->ctx, .flags = FI_RMA | FI_WRITE, .len = len};
+  op->fn(op, &done, NULL);
+  return 0;
+}
+
 ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
                                  const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (FAB_UNLIKELY(len > ep->dev->inject_size)) return -FI_EMSGSIZE;
+  if (ep->dev->local_only) return inject_placed(ep, peer, buf, len, w, off, data, op);
   struct iovec iov = {.iov_base = (void*)buf, .iov_len = len};
   struct fi_rma_iov rma = {.addr = w->addr + off, .len = len, .key = w->key};
   struct fi_msg_rma msg = {.msg_iov = &iov, .iov_count = 1, .addr = peer, .rma_iov = &rma, .rma_iov_count = 1,

@@ -40,7 +40,8 @@ ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t 
  * write we post carries a completion on purpose: libfabric 1.17's tcp reports
  * a failed inline write without a completion (one to a peer that closed its
  * connection) with no operation context, and ofi_rxm dereferences that
- * (docs/known-bugs.md). */
+ * (docs/known-bugs.md). On intra-host providers the write is placed before
+ * the post returns, and op's handler runs before this returns 0. */
 ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
                                  const fab_window* w, uint64_t off, uint64_t data, fab_op* op);
 /* A transport's control write on comm c (an announcement, credits): inline,

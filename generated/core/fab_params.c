@@ -20,7 +20,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->peer_timeout_ms = 30000;
   params->local_send_endpoints = 16;
   snprintf(params->transport, sizeof params->transport, "%s", "auto");
-  params->eager_max = 4096u;
+  params->eager_max = 0u;
 }
 
 /* Appends one complaint to errbuf, "; "-separated, never overflowing. */
@@ -165,10 +165,10 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
   if ((s = getenv("FABRIC_EAGER_MAX")) != NULL) {
     unsigned long long v;
     if (parse_size(s, &v) != 0) {
-      complain(errbuf, errbuf_size, "FABRIC_EAGER_MAX=%s is not a size (bytes, optional K/M/G/T); using 4096", s);
+      complain(errbuf, errbuf_size, "FABRIC_EAGER_MAX=%s is not a size (bytes, optional K/M/G/T); using 0", s);
       bad++;
     } else if (v > 65536u) {
-      complain(errbuf, errbuf_size, "FABRIC_EAGER_MAX=%s is outside %zu..%zu; using 4096", s, (size_t)0u, (size_t)65536u);
+      complain(errbuf, errbuf_size, "FABRIC_EAGER_MAX=%s is outside %zu..%zu; using 0", s, (size_t)0u, (size_t)65536u);
       bad++;
     } else {
       params->eager_max = (size_t)v;

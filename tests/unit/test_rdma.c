@@ -26,7 +26,7 @@ typedef struct conn {
 static void open_conn(const char* prov, conn* c) {
   ut_use_provider(prov);
   setenv("FABRIC_TRANSPORT", "rdma", 1);
-  setenv("FABRIC_EAGER_MAX", "4096", 0); /* the eager path on (the default) unless the environment says otherwise */
+  setenv("FABRIC_EAGER_MAX", "4096", 0); /* the eager path on (off by default) unless the environment says otherwise */
   cr_assert_eq(api->init(&c->ctx, 1, NULL, ut_logger, NULL), FAB_OK);
   cr_assert_eq(fab_g.devs[0]->ops, &fab_rdma_ops, "FABRIC_TRANSPORT=rdma runs the rdma transport");
   unsigned char h[FAB_HANDLE_SIZE];
