@@ -6,6 +6,7 @@
  * endpoint is closed: memory a pending operation points at is never freed
  * early.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,8 +59,8 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, f
   return c;
 }
 
-int fab_comm_busy(fab_comm* c) {
-  if (atomic_load(&c->inflight) > 0) return 1;
+/* 1 when a request of c still waits for a completion. */
+static int requests_pending(fab_comm* c) {
   uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
   for (uint32_t i = 0; i < used; i++) {
     fab_req* r = fab_pool_at(&c->reqs, i);
@@ -69,6 +70,8 @@ int fab_comm_busy(fab_comm* c) {
   }
   return 0;
 }
+
+int fab_comm_busy(fab_comm* c) { return atomic_load(&c->inflight) > 0 || requests_pending(c); }
 
 static void nclosing_add(fab_endpoint* ep, int d);
 
@@ -192,6 +195,27 @@ static fab_result close_own_endpoint_comm(fab_comm* c) {
   return FAB_OK;
 }
 
+/* A receive the provider matched already cannot be cancelled: it writes into
+ * the caller's buffer until its data is in. close waits for such receives,
+ * for at most FAB_CLOSE_DRAIN_MS, so that the caller may free its buffers
+ * once close returns. ep lock held (let go between polls). */
+static void wait_matched_receives(fab_endpoint* ep, fab_comm* c, const char* fn) {
+  /* pinned: a completion that ends the last operation of a closing comm
+   * frees it (fab_comm_op_done) */
+  atomic_fetch_add_explicit(&c->inflight, 1, memory_order_acq_rel);
+  int64_t until = fab_now_ms() + FAB_CLOSE_DRAIN_MS;
+  while (requests_pending(c) && fab_now_ms() < until) {
+    if (fab_ep_progress_locked(ep) != FAB_OK) break;
+    pthread_mutex_unlock(&ep->lock);
+    sched_yield();
+    pthread_mutex_lock(&ep->lock);
+  }
+  atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
+  if (requests_pending(c) && c->error == FAB_OK)
+    FAB_WARN("%s: receives from %s the provider had matched were still taking data %d ms after close; it may still "
+             "write into their buffers, so keep them until finalize", fn, c->peer_name, FAB_CLOSE_DRAIN_MS);
+}
+
 static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
   fab_comm* c = fab_obj_remove(handle, kind);
   if (!c) {
@@ -206,6 +230,7 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
   fab_list_del(&c->park.node);
   c->closing = 1;
   c->ops->cancel(c); /* posted receives, and a grouped receive's unposted part */
+  if (c->kind == FAB_OBJ_RECV && c->error == FAB_OK) wait_matched_receives(ep, c, fn);
   if (!fab_comm_busy(c)) {
     fab_comm_free(c);
   } else {

@@ -1,5 +1,6 @@
 #include "fab_mr.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -293,6 +294,24 @@ void fab_mr_unhold(fab_mr* m) {
   if (atomic_fetch_sub_explicit(&m->refs, 1, memory_order_acq_rel) == 1) free(m);
 }
 
+/* NCCL deregisters, then closes: a receive announced to a peer may be taking
+ * its data right now. It gets FAB_CLOSE_DRAIN_MS to finish (receives live on
+ * the device's shared endpoint, driven here) before the registration closes
+ * under it: a write refused mid-way on tcp;ofi_rxm takes the whole
+ * connection between the two processes down with it. */
+static void wait_announced(fab_mr* m) {
+  fab_endpoint* ep = atomic_load_explicit(&fab_g.eps[m->dev->carrier], memory_order_acquire);
+  if (!ep) return;
+  int64_t until = fab_now_ms() + FAB_CLOSE_DRAIN_MS;
+  while (atomic_load_explicit(&m->refs, memory_order_acquire) > 1 && fab_now_ms() < until) {
+    pthread_mutex_lock(&ep->lock);
+    fab_result rc = fab_ep_progress_locked(ep);
+    pthread_mutex_unlock(&ep->lock);
+    if (rc != FAB_OK) return;
+    sched_yield();
+  }
+}
+
 fab_result fab_mr_deregister(void* mhandle) {
   fab_mr* m = fab_obj_remove(mhandle, FAB_OBJ_MR);
   /* after the removal: a comm that read the old generation cached m before
@@ -304,6 +323,7 @@ fab_result fab_mr_deregister(void* mhandle) {
              k ? "a " : "not a live memory handle", k ? fab_obj_kind_name(k) : " (unknown or already deregistered)");
     return FAB_ERR_INTERNAL;
   }
+  if (atomic_load_explicit(&m->refs, memory_order_acquire) > 1) wait_announced(m);
   fab_mr_cache* cache = m->dev->dom->mr_cache;
   pthread_mutex_lock(&cache->lock);
   fab_list_del(&m->node);

@@ -521,3 +521,85 @@ Test(functional, foreign_handle, .init = ft_test_init, .timeout = 60) {
   if (!ft_provider_is("tcp") && !ft_provider_is("shm")) cr_skip_test("needs FI_PROVIDER tcp or shm");
   ft_run_pair("foreign_handle", foreign_handle_body, NULL, 40);
 }
+
+/* Hardening 12, aws-ofi-nccl's inflight_close: the receiver deregisters and
+ * closes while the peer's large messages are landing in its posted buffers,
+ * then unmaps them at once. close must not return while the provider can
+ * still write into them (tcp;ofi_rxm cannot cancel a receive it has matched:
+ * it wrote on into the freed memory, and the next progress faulted), and the
+ * connection must stay usable for the other comms (a write into a
+ * deregistered buffer must not take it down). */
+enum { CTF_N = 8, CTF_LEN = 16 << 20 };
+
+static void close_then_free_receiver(ft_side* s, ft_conn* c) {
+  void* bufs[CTF_N];
+  void* mhs[CTF_N];
+  void* reqs[CTF_N];
+  for (int i = 0; i < CTF_N; i++) {
+    bufs[i] = mmap(NULL, CTF_LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    FT_CHECK(bufs[i] != MAP_FAILED, "mmap of a receive buffer failed");
+    FT_OK(s->api->reg_mr(c[0].recv_comm, bufs[i], CTF_LEN, FAB_PTR_HOST, &mhs[i]));
+    size_t len = CTF_LEN;
+    int tag = i;
+    reqs[i] = ft_irecv(s, c[0].recv_comm, 1, &bufs[i], &len, &tag, &mhs[i], T_MS);
+  }
+  ft_sync(s->peer, "posted", T_MS);
+  ft_sync(s->peer, "sending", T_MS);
+  /* The first message in: the provider has seen and matched the others, whose data is on its way. */
+  ft_wait(s, reqs[0], NULL, T_MS, "the first message");
+  ft_phase("deregister, close and unmap while the data lands");
+  int w0 = ft_log_warns();
+  for (int i = 0; i < CTF_N; i++) FT_OK(s->api->dereg_mr(c[0].recv_comm, mhs[i]));
+  FT_OK(s->api->close_recv(c[0].recv_comm));
+  c[0].recv_comm = NULL;
+  FT_CHECK(ft_log_warns() == w0, "deregistering and closing while the peer's data landed logged %d WARN lines; "
+           "last: %s", ft_log_warns() - w0, ft_log_last_warn());
+  for (int i = 0; i < CTF_N; i++) munmap(bufs[i], CTF_LEN); /* a late write now faults */
+}
+
+static void close_then_free_sender(ft_side* s, ft_conn* c) {
+  ft_mr sm;
+  ft_mr_alloc(s, &sm, c[0].send_comm, CTF_LEN);
+  ft_fill(sm.buf, CTF_LEN, 12);
+  ft_sync(s->peer, "posted", T_MS);
+  void* req[CTF_N];
+  for (int i = 0; i < CTF_N; i++) req[i] = ft_isend(s, c[0].send_comm, sm.buf, CTF_LEN, i, sm.mh, T_MS);
+  ft_sync(s->peer, "sending", T_MS);
+  /* The receiver may close before every message went: a send then
+   * completes, fails, or stays pending; none may crash or hang. */
+  int64_t until = ft_now_ms() + 3000;
+  ft_log_expect_warns(1);
+  for (int i = 0; i < CTF_N && ft_now_ms() < until; i++) {
+    int done = 0;
+    while (!done && ft_now_ms() < until && req[i])
+      if (s->api->test(req[i], &done, NULL) != FAB_OK) req[i] = NULL;
+  }
+  ft_log_expect_warns(0);
+  ft_sync(s->peer, "closed", T_MS);
+  FT_OK(s->api->dereg_mr(sm.comm, sm.mh));
+  FT_OK(s->api->close_send(c[0].send_comm));
+  c[0].send_comm = NULL;
+  ft_free(sm.buf, sm.len);
+}
+
+FT_PAIR_TEST(close_then_free, 90) {
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_conn c[2];
+  ft_connect_all(&s, c, 2, T_MS);
+  if (peer->role == FT_PARENT) {
+    close_then_free_receiver(&s, c);
+    ft_sync(peer, "closed", T_MS);
+    FT_OK(s.api->close_send(c[0].send_comm));
+    c[0].send_comm = NULL;
+  } else {
+    close_then_free_sender(&s, c);
+    FT_OK(s.api->close_recv(c[0].recv_comm));
+    c[0].recv_comm = NULL;
+  }
+  ft_phase("the other comm after the close");
+  ft_exchange(&s, &c[1], (size_t)4 << 20, 1200, T_MS); /* progress that would hit a late write */
+  ft_exchange(&s, &c[1], 100, 1201, T_MS);
+  ft_close_all(&s, c, 2);
+  ft_side_close(&s);
+}
