@@ -17,7 +17,9 @@
 #include "fab_abi_neuron_v4.h"
 #include "fab_abi_neuron_v5.h"
 #include "fab_abi_neuron_v6.h"
+#include "fab_abi_rma_v13.h"
 #include "fab_abi_rma_v14.h"
 #include "fab_abi_rma_v15.h"
+#include "fab_abi_rma_v16.h"
 
 #endif

@@ -36,6 +36,8 @@
   X(ncclNeuronNetProperties_v6_t, 80, 8) \
   X(ncclRmaConfig_v14_t, 12, 4) \
   X(ncclRmaConfig_v15_t, 12, 4) \
+  X(ncclRmaConfig_v16_t, 12, 4) \
+  X(ncclRmaProperties_v16_t, 1, 1) \
   /* end */
 
 #define FAB_ABI_STRUCT_FIELDS(X) \
@@ -215,6 +217,10 @@
   X(ncclRmaConfig_v15_t, nContexts, 0) \
   X(ncclRmaConfig_v15_t, trafficClass, 4) \
   X(ncclRmaConfig_v15_t, rankStride, 8) \
+  X(ncclRmaConfig_v16_t, nContexts, 0) \
+  X(ncclRmaConfig_v16_t, trafficClass, 4) \
+  X(ncclRmaConfig_v16_t, rankStride, 8) \
+  X(ncclRmaProperties_v16_t, flushesAllPutsOnAnySignal, 0) \
   /* end */
 
 #define FAB_ABI_TABLE_SIZES(X) \
@@ -231,8 +237,10 @@
   X(ncclNeuronNet_v4_t, 128) \
   X(ncclNeuronNet_v5_t, 168) \
   X(ncclNeuronNet_v6_t, 176) \
+  X(ncclRma_v13_t, 168) \
   X(ncclRma_v14_t, 168) \
   X(ncclRma_v15_t, 168) \
+  X(ncclRma_v16_t, 176) \
   /* end */
 
 #define FAB_ABI_TABLE_SLOTS(X) \
@@ -491,6 +499,27 @@
   X(ncclNeuronNet_v6_t, iwrite, 152) \
   X(ncclNeuronNet_v6_t, iwriteInline, 160) \
   X(ncclNeuronNet_v6_t, iread, 168) \
+  X(ncclRma_v13_t, name, 0) \
+  X(ncclRma_v13_t, init, 8) \
+  X(ncclRma_v13_t, devices, 16) \
+  X(ncclRma_v13_t, getProperties, 24) \
+  X(ncclRma_v13_t, listen, 32) \
+  X(ncclRma_v13_t, connect, 40) \
+  X(ncclRma_v13_t, createContext, 48) \
+  X(ncclRma_v13_t, regMrSym, 56) \
+  X(ncclRma_v13_t, regMrSymDmaBuf, 64) \
+  X(ncclRma_v13_t, deregMrSym, 72) \
+  X(ncclRma_v13_t, destroyContext, 80) \
+  X(ncclRma_v13_t, closeColl, 88) \
+  X(ncclRma_v13_t, closeListen, 96) \
+  X(ncclRma_v13_t, iput, 104) \
+  X(ncclRma_v13_t, iputSignal, 112) \
+  X(ncclRma_v13_t, iget, 120) \
+  X(ncclRma_v13_t, iflush, 128) \
+  X(ncclRma_v13_t, test, 136) \
+  X(ncclRma_v13_t, rmaProgress, 144) \
+  X(ncclRma_v13_t, queryLastError, 152) \
+  X(ncclRma_v13_t, finalize, 160) \
   X(ncclRma_v14_t, name, 0) \
   X(ncclRma_v14_t, init, 8) \
   X(ncclRma_v14_t, devices, 16) \
@@ -533,6 +562,28 @@
   X(ncclRma_v15_t, rmaProgress, 144) \
   X(ncclRma_v15_t, queryLastError, 152) \
   X(ncclRma_v15_t, finalize, 160) \
+  X(ncclRma_v16_t, name, 0) \
+  X(ncclRma_v16_t, init, 8) \
+  X(ncclRma_v16_t, devices, 16) \
+  X(ncclRma_v16_t, getRmaProperties, 24) \
+  X(ncclRma_v16_t, getProperties, 32) \
+  X(ncclRma_v16_t, listen, 40) \
+  X(ncclRma_v16_t, connect, 48) \
+  X(ncclRma_v16_t, createContext, 56) \
+  X(ncclRma_v16_t, regMrSym, 64) \
+  X(ncclRma_v16_t, regMrSymDmaBuf, 72) \
+  X(ncclRma_v16_t, deregMrSym, 80) \
+  X(ncclRma_v16_t, destroyContext, 88) \
+  X(ncclRma_v16_t, closeColl, 96) \
+  X(ncclRma_v16_t, closeListen, 104) \
+  X(ncclRma_v16_t, iput, 112) \
+  X(ncclRma_v16_t, iputSignal, 120) \
+  X(ncclRma_v16_t, iget, 128) \
+  X(ncclRma_v16_t, iflush, 136) \
+  X(ncclRma_v16_t, test, 144) \
+  X(ncclRma_v16_t, rmaProgress, 152) \
+  X(ncclRma_v16_t, queryLastError, 160) \
+  X(ncclRma_v16_t, finalize, 168) \
   /* end */
 
 #endif
