@@ -100,11 +100,26 @@ static void nclosing_add(fab_endpoint* ep, int d) {
                         memory_order_relaxed);
 }
 
-/* An own endpoint is destroyed only once its closed comm's sends have
- * completed, so a transfer the receiver is still taking in never loses its
- * sending side. home lock held (the lock order is home, then own). */
+/* A retiring own endpoint whose sends the receiver has not taken for
+ * FABRIC_PEER_TIMEOUT_MS after its comm closed: nobody waits for them (the
+ * runtime closed the comm), and each such endpoint holds a shared-memory
+ * region and its buffers for as long as the process lives. */
+static int retired_too_long(fab_endpoint* own, int64_t now) {
+  int limit = fab_g.params.peer_timeout_ms;
+  if (limit == 0 || now - own->retiring_since_ms <= limit) return 0; /* 0: no limit */
+  FAB_INFO(FAB_SUBSYS_NET, "%s: a closed send comm's sends were not taken for %d ms (FABRIC_PEER_TIMEOUT_MS); its "
+           "own endpoint closes with them", own->dev->name, fab_g.params.peer_timeout_ms);
+  own->given_up = 1;
+  return 1;
+}
+
+/* An own endpoint is destroyed once its closed comm's sends have completed,
+ * so a transfer the receiver is still taking in never loses its sending
+ * side, or once the receiver left them untaken too long. home lock held (the
+ * lock order is home, then own). */
 static int progress_retiring(fab_endpoint* home) {
   int gone = 0;
+  int64_t now = fab_now_ms();
   FAB_LIST_FOREACH_SAFE(it, tmp, &home->privates) {
     fab_endpoint* own = FAB_CONTAINER_OF(it, fab_endpoint, private_node);
     if (!own->retiring) continue;
@@ -112,7 +127,7 @@ static int progress_retiring(fab_endpoint* home) {
     fab_ep_progress_locked(own); /* frees the comm when its sends are done */
     int idle = atomic_load_explicit(&own->nclosing, memory_order_relaxed) == 0;
     pthread_mutex_unlock(&own->lock);
-    if (!idle) continue;
+    if (!idle && !retired_too_long(own, now)) continue;
     fab_list_del(&own->private_node);
     nclosing_add(home, -1);
     fab_endpoint_destroy(own);
@@ -187,6 +202,7 @@ static fab_result close_own_endpoint_comm(fab_comm* c) {
     fab_list_del(&own->private_node);
   } else {
     own->retiring = 1;
+    own->retiring_since_ms = fab_now_ms();
     nclosing_add(home, 1);
     atomic_store_explicit(&home->sweep_every, FAB_SWEEP_EVERY_MIN, memory_order_relaxed);
   }

@@ -152,7 +152,7 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
  * that ends mid-way (docs/known-bugs.md); sends that completed early (the
  * inline ones) would be lost. */
 static void drain_closed(fab_endpoint* ep) {
-  if (!ep->ep || ep->failed || !ep->hooks) return;
+  if (!ep->ep || ep->failed || !ep->hooks || ep->given_up) return;
   int64_t until = fab_now_ms() + FAB_CLOSE_DRAIN_MS;
   pthread_mutex_lock(&ep->lock);
   while (atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0 && fab_now_ms() < until) {

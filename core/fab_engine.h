@@ -181,6 +181,8 @@ struct fab_endpoint {
                                  * sweeps free nothing (a send that never completes) */
   int retiring;                 /* own endpoint whose comm closed with sends in flight; it no
                                  * longer counts in its home's nprivates */
+  int64_t retiring_since_ms;    /* when it began retiring; given up FABRIC_PEER_TIMEOUT_MS later */
+  int given_up;                 /* destroyed with sends in flight: no drain */
   int destroying;             /* teardown under way: no AV removals */
   int hol_blocked;            /* (local-only) a dead peer never took a send of this endpoint, which holds
                                * up its later sends: new send comms get endpoints of their own (ep lock) */

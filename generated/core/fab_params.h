@@ -27,7 +27,7 @@ struct fab_params {
   int connect_timeout_ms;
   /* FABRIC_CQ_READ_COUNT: Completions read from the completion queue per poll. */
   int cq_read_count;
-  /* FABRIC_PEER_TIMEOUT_MS: How long a comm with pending requests may go without any sign of life from its peer (a completion, or a completed liveness probe) before its requests fail with a WARN. Catches peers that died where the provider never reports it (tcp;ofi_rxm). 0 disables the check. */
+  /* FABRIC_PEER_TIMEOUT_MS: How long a comm with pending requests may go without any sign of life from its peer (a completion, or a completed liveness probe) before its requests fail with a WARN. Catches peers that died where the provider never reports it (tcp;ofi_rxm). Also how long sends nobody takes keep a closed send comm's own endpoint (intra-host providers). 0 disables both. */
   int peer_timeout_ms;
   /* FABRIC_LOCAL_SEND_ENDPOINTS: On intra-host providers (no FI_REMOTE_COMM, i.e. shm): how many send comms per device (all contexts together) may have an endpoint of their own at a time. The first send comm to a peer uses the device's endpoint; a further one to the same peer gets its own, so that one comm's large send whose receive is not posted yet cannot hold up another comm's sends (shm orders an endpoint's sends per peer). Beyond this many, send comms share the device's endpoint. shm maps at most 256 peer endpoints per endpoint, so with many local processes connecting to each other keep (processes - 1) x (this + 1) under 256. */
   int local_send_endpoints;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fab_conn.h"
 #include "unit_util.h"
 
 static const fab_api* api = &fab_api_core;
@@ -122,6 +123,73 @@ Test(lifecycle, calls_before_init) {
   cr_assert_null(l, "outputs are written on failure too");
   fab_properties p;
   cr_assert_neq(api->get_properties(0, &p), FAB_OK);
+}
+
+/* Hardening 9: a send comm closed with a send its receiver never takes. On
+ * an intra-host provider such a comm has its own endpoint (and shared-memory
+ * region), which retires until the send completes; it used to retire for as
+ * long as the process lived (142 regions and 795 MB after 600 rounds). After
+ * FABRIC_PEER_TIMEOUT_MS it goes. */
+static void connect_pair(fab_ctx* ctx, void* l, const unsigned char* h, void** s, void** r) {
+  *s = *r = NULL;
+  for (int64_t end = ut_now_ms() + 20000; !*s || !*r;) {
+    cr_assert_lt(ut_now_ms(), end, "loopback connect timed out");
+    if (!*s) cr_assert_eq(api->connect(ctx, 0, NULL, (void*)h, s, NULL), FAB_OK);
+    if (!*r) cr_assert_eq(api->accept(l, r, NULL), FAB_OK);
+  }
+}
+
+Test(lifecycle, untaken_sends_do_not_pin_endpoints) {
+  enum { ROUNDS = 5, LEN = 1 << 20 };
+  ut_use_provider("shm");
+  setenv("FABRIC_TRANSPORT", "sendrecv", 1);
+  setenv("FABRIC_PEER_TIMEOUT_MS", "300", 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  unsigned char h[FAB_HANDLE_SIZE];
+  void *l, *s0, *r0;
+  cr_assert_eq(api->listen(ctx, 0, h, &l), FAB_OK);
+  connect_pair(ctx, l, h, &s0, &r0); /* the shared endpoint's comm pair: its tests drive progress */
+  char* buf = malloc(LEN);
+  memset(buf, 7, LEN);
+  fab_endpoint* home = fab_g.eps[0];
+  for (int i = 0; i < ROUNDS; i++) {
+    void *s1, *r1, *mh, *q = NULL;
+    connect_pair(ctx, l, h, &s1, &r1);
+    cr_assert_not_null(((fab_comm*)fab_obj_get(s1, FAB_OBJ_SEND))->home, "a second send comm to one peer has its own endpoint");
+    cr_assert_eq(api->reg_mr(s1, buf, LEN, FAB_PTR_HOST, &mh), FAB_OK);
+    while (!q) cr_assert_eq(api->isend(s1, buf, LEN, 5, mh, NULL, &q), FAB_OK);
+    cr_assert_eq(api->dereg_mr(s1, mh), FAB_OK);
+    cr_assert_eq(api->close_send(s1), FAB_OK); /* its send is never received */
+    cr_assert_eq(api->close_recv(r1), FAB_OK);
+  }
+  pthread_mutex_lock(&home->lock);
+  int retiring = home->nprivates == 0 && !fab_list_empty(&home->privates);
+  pthread_mutex_unlock(&home->lock);
+  cr_assert(retiring, "the closed comms' own endpoints retire while their sends are pending");
+  /* the shared endpoint's progress, well past the timeout */
+  void *rmh, *rq = NULL;
+  cr_assert_eq(api->reg_mr(r0, buf, 64, FAB_PTR_HOST, &rmh), FAB_OK);
+  void* d = buf;
+  size_t len = 64;
+  int tag = 9;
+  while (!rq) cr_assert_eq(api->irecv(r0, 1, &d, &len, &tag, &rmh, NULL, &rq), FAB_OK);
+  int empty = 0;
+  for (int64_t end = ut_now_ms() + 3000; !empty && ut_now_ms() < end;) {
+    int done = 0;
+    cr_assert_eq(api->test(rq, &done, NULL), FAB_OK);
+    pthread_mutex_lock(&home->lock);
+    empty = fab_list_empty(&home->privates);
+    pthread_mutex_unlock(&home->lock);
+  }
+  cr_assert(empty, "own endpoints of closed comms whose sends were never taken are still there after %d ms",
+            3000);
+  cr_assert_eq(api->dereg_mr(r0, rmh), FAB_OK);
+  cr_assert_eq(api->close_send(s0), FAB_OK);
+  cr_assert_eq(api->close_recv(r0), FAB_OK);
+  cr_assert_eq(api->close_listen(l), FAB_OK);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+  free(buf);
 }
 
 Test(vdevice, make_and_validate) {
