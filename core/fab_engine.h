@@ -397,6 +397,11 @@ static inline void fab_comm_count_completion(fab_comm* c) {
  * receives stay posted until the comm closes: the comm's owner may be
  * using its requests in another thread right now. */
 void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);
+/* A message larger than its receive on c (either side that learns of it):
+ * the connection is failed, on every provider and transport alike, since
+ * the two ends disagree on what they exchange (and some providers reset the
+ * connection under it). ep lock held. */
+void fab_comm_truncated(fab_comm* c);
 
 /* fab_peer.c: peers on this host (local-only providers with our endpoint
  * names). 1 with why set when the peer at addr is gone (its process or its

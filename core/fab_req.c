@@ -46,6 +46,7 @@ size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_er
              "not be larger than its receive",
              size, tag, c->peer_name, excess);
     got = err->len;
+    fab_comm_truncated(c);
   } else {
     char prov[192];
     fi_cq_strerror(c->ep->cq, err->prov_errno, err->err_data, prov, sizeof(prov));
@@ -108,6 +109,11 @@ void fab_comm_fail(fab_comm* c, fab_result rc, const char* why) {
   if (c->error != FAB_OK) return;
   snprintf(c->error_why, sizeof(c->error_why), "%s", why);
   c->error = rc;
+}
+
+void fab_comm_truncated(fab_comm* c) {
+  fab_comm_fail(c, FAB_ERR_INVALID_USAGE, "an earlier message on this connection was larger than its receive "
+                "(the two ranks disagree on sizes), so the connection is not used further; close it");
 }
 
 /* A closed comm waiting only for its probe is freed by the next sweep of

@@ -344,8 +344,8 @@ FT_PAIR_TEST(oversize, 60) {
  * ncclInvalidUsage, as nccl-abi.md §6 asks for size mismatches and as the
  * engine maps FI_ETRUNC (whatever sign the provider gives it: shm reports
  * -FI_ETRUNC; the endpoint normalises it, core/fab_endpoint.c). */
-static void send_larger_body(ft_peer* peer, int strict) {
-  enum { RLEN = 1000, SLEN = 2000, GUARD = 4096 };
+static void send_larger_body(ft_peer* peer, int strict, int RLEN, int SLEN) {
+  enum { GUARD = 4096 };
   ft_side s;
   ft_side_open(&s, peer, ft_api_selected());
   ft_conn c;
@@ -396,6 +396,19 @@ static void send_larger_body(ft_peer* peer, int strict) {
              SLEN, RLEN, (int)rrc, (int)src, (int)FAB_ERR_INVALID_USAGE, ft_log_last_warn());
   }
   ft_sync(peer, "mismatch seen", T_MS);
+  /* Hardening 8: after a truncation the receiving comm is failed, the same on
+   * every provider and transport (tcp;ofi_rxm's sendrecv path resets the
+   * connection under it, and the next message was lost): the next call on it
+   * returns the error with one WARN. */
+  void* again = NULL;
+  int w1 = ft_log_warns();
+  ft_log_expect_warns(1);
+  fab_result arc = s.api->irecv(c.recv_comm, 1, &d, &rlen, &tag, &rm.mh, NULL, &again);
+  ft_log_expect_warns(0);
+  FT_CHECK(arc == FAB_ERR_INVALID_USAGE && again == NULL,
+           "irecv on a comm that saw a truncation returned %d (request %p), expected the failure (%d)", (int)arc, again,
+           (int)FAB_ERR_INVALID_USAGE);
+  FT_CHECK(ft_log_warns() - w1 == 1, "the refused irecv logged %d WARN lines, expected 1", ft_log_warns() - w1);
   /* The comms are in error: NCCL deregisters, then closes; both must be clean. */
   ft_mr_free(&s, &sm);
   ft_mr_free(&s, &rm);
@@ -403,8 +416,10 @@ static void send_larger_body(ft_peer* peer, int strict) {
   ft_side_close(&s);
 }
 
-FT_PAIR_TEST(send_larger_than_recv, 60) { send_larger_body(peer, 0); }
-FT_PAIR_TEST(truncation_error_code, 60) { send_larger_body(peer, 1); }
+FT_PAIR_TEST(send_larger_than_recv, 60) { send_larger_body(peer, 0, 1000, 2000); }
+FT_PAIR_TEST(truncation_error_code, 60) { send_larger_body(peer, 1, 1000, 2000); }
+FT_PAIR_TEST(truncation_small, 60) { send_larger_body(peer, 1, 50, 100); }
+FT_PAIR_TEST(truncation_large, 60) { send_larger_body(peer, 1, 4096, 8192); }
 
 /* Close with requests in flight: receives that will never match, sends the
  * peer never receives; close every comm; no crash, no leak, no hang. */

@@ -222,6 +222,7 @@ void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint
              b->size, b->ctrl.tag, c->peer_name, size);
     r->result = FAB_ERR_INVALID_USAGE;
     r->errmsg = strdup(msg);
+    fab_comm_truncated(c);
   }
   sub_finish(b);
   fab_req_op_done(r, 1);

@@ -42,6 +42,7 @@ static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
            "not be larger than its receive",
            r->size, r->tag, c->peer_name, (unsigned long long)t->win.len);
   fail_send(c, r, FAB_ERR_INVALID_USAGE, msg);
+  fab_comm_truncated(c);
   return 0;
 }
 
