@@ -335,82 +335,11 @@ static void sends_fail_after_kill(ft_side* s, void* scomm, ft_mr* sm, void* infl
            ft_log_warns() - w0, ft_log_last_warn());
 }
 
-static void killed_peer_body(ft_peer* peer, helper* h, int mode) {
-  setenv("FABRIC_PEER_TIMEOUT_MS", "5000", 1);
-  ft_side s;
-  ft_side_open(&s, peer, ft_api_selected());
-  if (peer->role == FT_PARENT) {
-    ft_side sh = s;
-    sh.peer = &h->chan;
-    ft_conn hc;
-    ft_connect_all(&sh, &hc, 1, CONNECT_MS);
-    ft_mr sm, rm;
-    ft_mr_alloc(&s, &sm, hc.send_comm, BIG);
-    ft_mr_alloc(&s, &rm, hc.recv_comm, 4096);
-    ft_fill(sm.buf, BIG, 5);
-    void* d = rm.buf;
-    size_t len = 4096;
-    int rtag = 5;
-    void* rreq = ft_irecv(&s, hc.recv_comm, 1, &d, &len, &rtag, &rm.mh, T_MS);
-    ft_recv(&h->chan, "ready", NULL, 0, T_MS);
-    void* sreq = NULL;
-    if (mode == H_RECV_LOOP) {
-      /* Keep the helper copying, then kill it in the middle of a message. */
-      ft_phase("streaming to the helper");
-      int64_t until = ft_now_ms() + 400;
-      while (ft_now_ms() < until || !sreq) {
-        int done = 0;
-        if (!sreq) FT_OK(s.api->isend(hc.send_comm, sm.buf, BIG, 12, sm.mh, NULL, &sreq));
-        else FT_OK(s.api->test(sreq, &done, NULL));
-        if (done) sreq = NULL;
-      }
-      for (int i = 0; i < 50; i++) {
-        int done = 0;
-        FT_OK(s.api->test(sreq, &done, NULL));
-        if (!done) continue;
-        sreq = NULL;
-        FT_OK(s.api->isend(hc.send_comm, sm.buf, BIG, 12, sm.mh, NULL, &sreq));
-        if (!sreq) break;
-      }
-    } else {
-      sreq = ft_isend(&s, hc.send_comm, sm.buf, BIG, 12, sm.mh, T_MS); /* the helper posted tag 77 only */
-    }
-    ft_phase("killing the helper");
-    helper_kill(h);
-    int64_t killed = ft_now_ms();
-    ft_phase("testing sends to the killed helper");
-    sends_fail_after_kill(&s, hc.send_comm, &sm, sreq, killed, 5000 + 5000);
-    ft_phase("testing the receive from the killed helper");
-    int done = 0;
-    fab_result rrc = ft_test_until(&s, rreq, NULL, 10000, &done);
-    FT_CHECK(!(rrc == FAB_OK && done), "a receive from the killed helper completed");
-    FT_CHECK(rrc != FAB_OK, "the receive from a peer killed %lld ms ago still reports no error",
-             (long long)(ft_now_ms() - killed));
-    ft_phase("closing the comms of the killed helper");
-    (void)s.api->dereg_mr(sm.comm, sm.mh);
-    (void)s.api->dereg_mr(rm.comm, rm.mh);
-    FT_OK(s.api->close_send(hc.send_comm));
-    FT_OK(s.api->close_recv(hc.recv_comm));
-    FT_OK(s.api->close_listen(hc.listen_comm));
-    ft_phase("the live peer after the kill");
-    ft_sync(peer, "helper done", T_MS);
-    live_pair_works(&s, 1700);
-    ft_side_close(&s);
-    ft_free(sm.buf, sm.len);
-    ft_free(rm.buf, rm.len);
-    return;
-  }
-  ft_sync(peer, "helper done", 100000);
-  live_pair_works(&s, 1700);
-  ft_side_close(&s);
-}
-
-/* --- a peer that exits cleanly with our sends due to it ------------------------- */
-
 /* The frame of a case against the helper: the parent connects to it, runs
- * the case (which may leave one registration in m), closes the helper's comms
- * and proves the live pair still works; the child proves it too. */
-typedef void (*helper_case_fn)(ft_side* s, helper* h, ft_conn* hc, ft_mr* m);
+ * the case (which may leave up to two registrations in m), closes the
+ * helper's comms and proves the live pair still works; the child proves it
+ * too. */
+typedef void (*helper_case_fn)(ft_side* s, helper* h, ft_conn* hc, ft_mr m[2]);
 
 static void helper_case(ft_peer* peer, helper* h, uint64_t seed, helper_case_fn run) {
   setenv("FABRIC_PEER_TIMEOUT_MS", "5000", 1);
@@ -421,10 +350,11 @@ static void helper_case(ft_peer* peer, helper* h, uint64_t seed, helper_case_fn 
     sh.peer = &h->chan;
     ft_conn hc;
     ft_connect_all(&sh, &hc, 1, CONNECT_MS);
-    ft_mr m = {0};
-    run(&s, h, &hc, &m);
+    ft_mr m[2] = {{0}};
+    run(&s, h, &hc, m);
     ft_phase("closing the comms of the helper");
-    if (m.mh) (void)s.api->dereg_mr(m.comm, m.mh);
+    for (int i = 0; i < 2; i++)
+      if (m[i].mh) (void)s.api->dereg_mr(m[i].comm, m[i].mh);
     FT_OK(s.api->close_send(hc.send_comm));
     FT_OK(s.api->close_recv(hc.recv_comm));
     FT_OK(s.api->close_listen(hc.listen_comm));
@@ -432,13 +362,62 @@ static void helper_case(ft_peer* peer, helper* h, uint64_t seed, helper_case_fn 
     ft_sync(peer, "helper done", T_MS);
     live_pair_works(&s, seed);
     ft_side_close(&s);
-    if (m.buf) ft_free(m.buf, m.len);
+    for (int i = 0; i < 2; i++)
+      if (m[i].buf) ft_free(m[i].buf, m[i].len);
     return;
   }
   ft_sync(peer, "helper done", 100000);
   live_pair_works(&s, seed);
   ft_side_close(&s);
 }
+
+static void killed_case(ft_side* s, helper* h, ft_conn* hc, ft_mr m[2], int mode) {
+  ft_mr* sm = &m[0];
+  ft_mr* rm = &m[1];
+  ft_mr_alloc(s, sm, hc->send_comm, BIG);
+  ft_mr_alloc(s, rm, hc->recv_comm, 4096);
+  ft_fill(sm->buf, BIG, 5);
+  void* d = rm->buf;
+  size_t len = 4096;
+  int rtag = 5;
+  void* rreq = ft_irecv(s, hc->recv_comm, 1, &d, &len, &rtag, &rm->mh, T_MS);
+  ft_recv(&h->chan, "ready", NULL, 0, T_MS);
+  void* sreq = NULL;
+  if (mode == H_RECV_LOOP) {
+    /* Keep the helper copying, then kill it in the middle of a message. */
+    ft_phase("streaming to the helper");
+    int64_t until = ft_now_ms() + 400;
+    while (ft_now_ms() < until || !sreq) {
+      int done = 0;
+      if (!sreq) FT_OK(s->api->isend(hc->send_comm, sm->buf, BIG, 12, sm->mh, NULL, &sreq));
+      else FT_OK(s->api->test(sreq, &done, NULL));
+      if (done) sreq = NULL;
+    }
+    for (int i = 0; i < 50; i++) {
+      int done = 0;
+      FT_OK(s->api->test(sreq, &done, NULL));
+      if (!done) continue;
+      sreq = NULL;
+      FT_OK(s->api->isend(hc->send_comm, sm->buf, BIG, 12, sm->mh, NULL, &sreq));
+      if (!sreq) break;
+    }
+  } else {
+    sreq = ft_isend(s, hc->send_comm, sm->buf, BIG, 12, sm->mh, T_MS); /* the helper posted tag 77 only */
+  }
+  ft_phase("killing the helper");
+  helper_kill(h);
+  int64_t killed = ft_now_ms();
+  ft_phase("testing sends to the killed helper");
+  sends_fail_after_kill(s, hc->send_comm, sm, sreq, killed, 5000 + 5000);
+  ft_phase("testing the receive from the killed helper");
+  int done = 0;
+  fab_result rrc = ft_test_until(s, rreq, NULL, 10000, &done);
+  FT_CHECK(!(rrc == FAB_OK && done), "a receive from the killed helper completed");
+  FT_CHECK(rrc != FAB_OK, "the receive from a peer killed %lld ms ago still reports no error",
+           (long long)(ft_now_ms() - killed));
+}
+
+/* --- a peer that exits cleanly with our sends due to it ------------------------- */
 
 /* The sends of the rdma transport write into buffers the peer announced; here
  * the peer announced some and left, so they meet a connection it closed: on
@@ -447,7 +426,7 @@ static void helper_case(ft_peer* peer, helper* h, uint64_t seed, helper_case_fn 
  * a runtime retrying isend (NULL request) against the departed peer was never
  * told. The sends must end in an error with no crash and no hang, and the
  * live pair works after. */
-static void peer_exits_case(ft_side* s, helper* h, ft_conn* hc, ft_mr* m) {
+static void peer_exits_case(ft_side* s, helper* h, ft_conn* hc, ft_mr m[2]) {
   ft_mr_alloc(s, m, hc->send_comm, SMALL);
   ft_fill(m->buf, SMALL, 9);
   ft_recv(&h->chan, "ready", NULL, 0, T_MS);
@@ -492,7 +471,7 @@ Test(functional, peer_exits_with_sends_due, .init = ft_test_init, .timeout = 150
 /* A sender killed in the middle of a message into our buffer: the receive
  * must fail (one WARN), nothing may crash (on the rdma transport the write
  * with remote CQ data is cut mid-way), and the live pair works after. */
-static void sender_killed_case(ft_side* s, helper* h, ft_conn* hc, ft_mr* m) {
+static void sender_killed_case(ft_side* s, helper* h, ft_conn* hc, ft_mr m[2]) {
   ft_mr_alloc(s, m, hc->recv_comm, BIG);
   void* d = m->buf;
   size_t len = BIG;
@@ -532,8 +511,10 @@ Test(functional, sender_killed_mid_message, .init = ft_test_init, .timeout = 150
   helper_end(&h);
 }
 
-static void killed_mid_transfer(ft_peer* peer, void* arg) { killed_peer_body(peer, arg, H_RECV_LOOP); }
-static void killed_idle(ft_peer* peer, void* arg) { killed_peer_body(peer, arg, H_IDLE); }
+static void streaming_case(ft_side* s, helper* h, ft_conn* hc, ft_mr m[2]) { killed_case(s, h, hc, m, H_RECV_LOOP); }
+static void idle_case(ft_side* s, helper* h, ft_conn* hc, ft_mr m[2]) { killed_case(s, h, hc, m, H_IDLE); }
+static void killed_mid_transfer(ft_peer* peer, void* arg) { helper_case(peer, arg, 1700, streaming_case); }
+static void killed_idle(ft_peer* peer, void* arg) { helper_case(peer, arg, 1700, idle_case); }
 
 Test(functional, peer_killed_mid_transfer, .init = ft_test_init, .timeout = 150) {
   helper h;
