@@ -17,6 +17,7 @@
 #ifndef FAB_CORE_H
 #define FAB_CORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -160,6 +161,61 @@ fab_result fab_iflush(void* recv_comm, int n, void** data, const int* sizes, voi
  * (n for a grouped receive, 1 for a send). Once *done is 1 the request is
  * freed. */
 fab_result fab_test(void* request, int* done, int* sizes);
+
+/* --- one-sided (NCCL's RMA tables, GIN proxy) ------------------------------ */
+
+/* NCCL_NET_DEVICE_GIN_PROXY: what the RMA tables report as netDeviceType. */
+enum { FAB_NET_DEVICE_GIN_PROXY = 2 };
+/* NCCL_NET_SIGNAL_OP_*. */
+enum { FAB_SIGNAL_INC = 1, FAB_SIGNAL_ADD = 2 };
+
+typedef struct {
+  int n_contexts;             /* independent ordering domains */
+  int traffic_class;          /* INT_MIN or -1: unset */
+  int rank_stride;            /* peers rank +- k*stride only (1: all) */
+} fab_rma_config;
+
+typedef struct {
+  bool flushes_all_puts_on_any_signal;
+} fab_rma_properties;
+
+/* init for the RMA family: fab_init, then fails (one WARN) when device 0
+ * cannot do one-sided operations, so NCCL does not pick this plugin for
+ * them. */
+fab_result fab_rma_init(fab_ctx** ctx, uint64_t comm_id, fab_logger_fn logger);
+/* The device's properties with netDeviceType GIN_PROXY. */
+fab_result fab_rma_get_properties(int dev, fab_properties* props);
+/* Collective and blocking: every rank calls it with all ranks' listen
+ * handles; returns once every peer is connected. ctx is ignored (NCCL passes
+ * its net context): the listen comm's context owns the group. */
+fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, void* listen_comm, void** coll);
+fab_result fab_coll_rma_properties(void* coll, fab_rma_properties* props);
+/* config may be NULL (one context). dev_handle (GIN v13 layout) may be NULL;
+ * a proxy plugin writes NULL there. */
+fab_result fab_rma_create_context(void* coll, const fab_rma_config* config, void** rma_ctx, void** dev_handle);
+fab_result fab_rma_destroy_context(void* rma_ctx);
+fab_result fab_close_coll(void* coll);
+/* Collective: every rank registers, in the same order; the windows are
+ * exchanged inside the call. fd < 0: not dma-buf. gin_handle (GIN layouts)
+ * may be NULL; it receives the memory handle. */
+fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t offset, int fd, uint64_t mr_flags,
+                          void** mhandle, void** gin_handle);
+fab_result fab_dereg_mr_sym(void* coll, void* mhandle);
+/* Every operation returns a request to test (never NULL on success). */
+fab_result fab_rma_iput(void* rma_ctx, int context, uint64_t src_off, void* src_mhandle, size_t size,
+                        uint64_t dst_off, void* dst_mhandle, uint32_t rank, uint32_t opt_flags, void** request);
+/* size 0 with NULL src/dst handles: the signal alone. */
+fab_result fab_rma_iput_signal(void* rma_ctx, int context, uint64_t src_off, void* src_mhandle, size_t size,
+                               uint64_t dst_off, void* dst_mhandle, uint32_t rank, uint64_t signal_off,
+                               void* signal_mhandle, uint64_t signal_value, uint32_t signal_op, bool strong,
+                               uint32_t opt_flags, void** request);
+fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* remote_mhandle, size_t size,
+                        uint64_t local_off, void* local_mhandle, uint32_t rank, uint32_t opt_flags, void** request);
+/* *request == NULL: nothing earlier to wait for. */
+fab_result fab_rma_iflush(void* rma_ctx, int context, void* mhandle, uint32_t rank, void** request);
+fab_result fab_rma_test(void* coll, void* request, int* done);
+fab_result fab_rma_progress(void* rma_ctx);
+fab_result fab_rma_query_last_error(void* rma_ctx, bool* has_error);
 
 /* --- helpers the generated shims use ------------------------------------- */
 

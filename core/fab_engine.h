@@ -290,6 +290,11 @@ struct fab_comm {
   _Atomic uint32_t stall_polls;
   fab_op probe_op;
   fab_op ctl_op; /* the transport's control writes (fab_rma_ctl_write) */
+  /* recv comms of a one-sided group (core/fab_coll.h): the handler of the
+   * peer's one-sided writes, set and cleared under the ep lock, and its
+   * argument */
+  void (*onesided)(struct fab_comm* c, uint32_t low);
+  void* onesided_arg;
   char peer_name[96];
   _Alignas(16) unsigned char tp[]; /* the transport's (comm_size bytes) */
 };

@@ -183,8 +183,7 @@ static void fi_backend_close(void* arg, fab_mr_entry* e) {
 
 /* --- handles ------------------------------------------------------------- */
 
-static fab_result reg_entry(fab_comm* c, fab_mr* m, int fd, uint64_t offset, const char* fn) {
-  fab_device* dev = c->ep->dev;
+static fab_result reg_entry(fab_device* dev, fab_mr* m, int fd, uint64_t offset, const char* fn) {
   reg_args a = {.dev = dev, .dmabuf_fd = fd, .dmabuf_offset = offset};
   int err = 0;
   if (fd >= 0) {
@@ -220,15 +219,19 @@ static fab_result reg_entry(fab_comm* c, fab_mr* m, int fd, uint64_t offset, con
 
 fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle,
                            const char* fn) {
-  fab_device* dev = c->ep->dev;
+  return fab_mr_register_on(c->dev, c->ep->dev, data, size, type, offset, fd, mhandle, fn);
+}
+
+fab_result fab_mr_register_on(fab_device* named, fab_device* dev, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle, const char* fn) {
   if (type != FAB_PTR_HOST && type != FAB_PTR_CUDA) {
     FAB_WARN("%s: memory type %d is not NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", fn, type);
     return FAB_ERR_INTERNAL;
   }
-  if (type == FAB_PTR_CUDA && !(c->dev->props.ptr_support & FAB_PTR_CUDA)) {
+  if (type == FAB_PTR_CUDA && !(named->props.ptr_support & FAB_PTR_CUDA)) {
     FAB_WARN("%s: CUDA memory at %p on device %s, which does not support it (provider %s %s FI_HMEM, CUDA driver %s); "
              "use host buffers or a provider with GPUDirect",
-             fn, data, c->dev->name, fab_device_provider(dev), dev->hmem ? "has" : "lacks",
+             fn, data, named->name, fab_device_provider(dev), dev->hmem ? "has" : "lacks",
              fab_g.cuda_ok ? "usable" : "unusable");
     return FAB_ERR_INTERNAL;
   }
@@ -254,7 +257,7 @@ fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint6
     }
   }
   if (fd >= 0 || type == FAB_PTR_CUDA || dev->reg_host) {
-    fab_result rc = reg_entry(c, m, fd, offset, fn);
+    fab_result rc = reg_entry(dev, m, fd, offset, fn);
     if (rc != FAB_OK) {
       free(m);
       return rc;

@@ -69,6 +69,10 @@ void fab_mr_cache_release(fab_mr_cache* c, fab_mr_entry* e, fab_mr_close_fn clos
  * domain of comm's device. */
 fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint64_t offset, int fd,
                            void** mhandle, const char* fn);
+/* The same without a comm: named is the device the runtime named (it may be
+ * virtual), dev the physical one whose domain registers. */
+fab_result fab_mr_register_on(fab_device* named, fab_device* dev, void* data, size_t size, int type, uint64_t offset,
+                              int fd, void** mhandle, const char* fn);
 fab_result fab_mr_deregister(void* mhandle);
 
 /* A posted receive announced to a peer holds m (refs) so that its memory

@@ -91,6 +91,9 @@ const char* fab_obj_kind_name(fab_obj_kind kind) {
     case FAB_OBJ_SEND: return "send comm";
     case FAB_OBJ_RECV: return "recv comm";
     case FAB_OBJ_MR: return "memory handle";
+    case FAB_OBJ_COLL: return "RMA collective comm";
+    case FAB_OBJ_COLL_CTX: return "RMA context";
+    case FAB_OBJ_COLL_WIN: return "symmetric memory handle";
     default: return "unknown handle";
   }
 }

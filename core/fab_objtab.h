@@ -22,6 +22,9 @@ typedef enum {
   FAB_OBJ_SEND = 3,
   FAB_OBJ_RECV = 4,
   FAB_OBJ_MR = 5,
+  FAB_OBJ_COLL = 6,     /* a one-sided group (RMA connect) */
+  FAB_OBJ_COLL_CTX = 7, /* its contexts (createContext) */
+  FAB_OBJ_COLL_WIN = 8, /* a symmetric registration (regMrSym) */
 } fab_obj_kind;
 
 /* Returns the new handle, or NULL when the table is full or out of memory. */

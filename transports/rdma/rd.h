@@ -39,6 +39,7 @@
 
 enum { RD_SEND_REQS = FAB_MAX_REQUESTS * FAB_MAX_RECVS, RD_RECV_REQS = 2 * FAB_MAX_REQUESTS };
 _Static_assert(RD_RECV_REQS * FAB_MAX_RECVS <= RD_SLOTS, "a slot names a request and a buffer; at most RD_SLOTS");
+_Static_assert(RD_SLOTS <= RD_ONESIDED_SLOT, "the one-sided slot names no receive");
 
 /* An announcement as the sender keeps it. */
 typedef struct rd_ann {

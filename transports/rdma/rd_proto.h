@@ -15,6 +15,8 @@ enum {
   RD_EAGER_SLOTS = 16,  /* eager ring slots per recv comm (a 16-bit credit map) */
   RD_NO_ENTRY = 0xffff, /* CTRL: credits only, no announcement */
   RD_ACK_SLOT = 0x3ff,  /* EAGER: an acknowledgement, no message */
+  RD_ONESIDED_SLOT = 0x3fe, /* DATA: a one-sided write of a group (core/fab_coll.h); the low
+                             * bits are that engine's */
   RD_SCRATCH = 64,      /* bytes past the mailbox and the ring that credit and acknowledgement
                          * writes land in (8 bytes each: 0-byte RMA writes crashed rxm's target
                          * side intermittently) */
@@ -63,6 +65,8 @@ static inline uint32_t rd_eager_check(const rd_eager_hdr* h) {
  * EAGER: a message of size bytes landed in eager ring slot `slot`; slot
  *        RD_ACK_SLOT: no message, the low bits say how many announcements
  *        the sender has consumed
+ *        (slot RD_ONESIDED_SLOT: a one-sided engine's write, handed to the
+ *        comm's onesided handler with the low bits)
  * TRUNC: the sender refused to write size bytes into the buffer named by slot
  *        (larger than the buffer): that receive fails as truncated */
 enum { RD_CTRL = 0, RD_DATA = 1, RD_EAGER = 2, RD_TRUNC = 3 };

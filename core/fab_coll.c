@@ -1,0 +1,332 @@
+/* A one-sided group: collective connect, the all-to-all exchange its
+ * collective calls use, progress, close. See fab_coll.h. */
+#include "fab_coll.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_conn.h"
+#include "fab_transport.h"
+
+enum { COLL_MAGIC = 0x434f4c4c, HELLO_MAGIC = 0x48454c4f, HELLO_TAG = 0x7ffe0000 };
+
+/* What each rank tells each peer at connect. */
+typedef struct coll_hello {
+  uint32_t magic;
+  int32_t rank, nranks;
+  uint32_t token;
+  uint64_t ring_addr, ring_key, ring_len;
+  uint32_t check;
+  uint32_t reserved[5];
+} coll_hello;
+_Static_assert(sizeof(coll_hello) == FAB_COLL_XCHG_BYTES, "coll_hello is one exchange part");
+
+static uint32_t hello_check(const coll_hello* h) {
+  return h->magic ^ (uint32_t)h->rank ^ (uint32_t)h->nranks ^ h->token ^ (uint32_t)h->ring_addr ^
+         (uint32_t)h->ring_key ^ (uint32_t)h->ring_len ^ 0x4f4c4c48u;
+}
+
+static void add_ep(fab_coll* g, fab_endpoint* ep) {
+  for (int i = 0; i < g->neps; i++)
+    if (g->eps[i] == ep) return;
+  if (g->neps < (int)FAB_ARRAY_SIZE(g->eps)) g->eps[g->neps++] = ep;
+}
+
+/* --- connect ---------------------------------------------------------------------------- */
+
+/* Every peer's send comm (connect) and as many recv comms (accept), in
+ * arrival order: which rank each one is comes with its hello. */
+static fab_result handshake(fab_coll* g, fab_listener* l, void** handles, void** accepted, const char* fn) {
+  int64_t deadline = fab_now_ms() + fab_g.params.connect_timeout_ms;
+  int nacc = 0, nconn = 0, want = g->nranks - 1;
+  while (nacc < want || nconn < want) {
+    for (int r = 0; r < g->nranks; r++) {
+      fab_coll_peer* p = &g->peers[r];
+      if (r == g->rank || p->send_h) continue;
+      fab_result rc = fab_connect(l->owner->is_process ? NULL : l->owner->handle, l->dev->index, NULL, handles[r], &p->send_h, NULL);
+      if (rc != FAB_OK) {
+        char why[128];
+        snprintf(why, sizeof(why), "connecting to rank %d failed (see the WARN above)", r);
+        return fab_coll_fail(g, rc, fn, why);
+      }
+      if (p->send_h) nconn++;
+    }
+    while (nacc < want) {
+      fab_result rc = fab_accept(l->handle, &accepted[nacc], NULL);
+      if (rc != FAB_OK) return fab_coll_fail(g, rc, fn, "accepting a peer failed (see the WARN above)");
+      if (!accepted[nacc]) break;
+      nacc++;
+    }
+    if (fab_now_ms() > deadline && (nacc < want || nconn < want)) {
+      char why[192];
+      snprintf(why, sizeof(why), "after FABRIC_CONNECT_TIMEOUT_MS (%d ms) %d of %d peers connected and %d of %d "
+               "accepted; every rank must call connect with the same handles", fab_g.params.connect_timeout_ms,
+               nconn, want, nacc, want);
+      return fab_coll_fail(g, FAB_ERR_REMOTE, fn, why);
+    }
+    if (nacc < want || nconn < want) sched_yield();
+  }
+  return FAB_OK;
+}
+
+static fab_result make_ring(fab_coll* g, fab_coll_peer* p, const char* fn) {
+  size_t len = FAB_COLL_RING * sizeof(fab_coll_sig) + FAB_COLL_SCRATCH;
+  p->ring_mem = aligned_alloc(64, len);
+  if (!p->ring_mem) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
+  memset(p->ring_mem, 0, len);
+  int rc = fab_rma_buf_reg(g->target_ep->dev, p->ring_mem, len, FI_REMOTE_WRITE, &p->ring_reg);
+  if (rc != 0) {
+    char why[160];
+    snprintf(why, sizeof(why), "registering a signal ring failed: %s", fi_strerror(-rc));
+    free(p->ring_mem);
+    p->ring_mem = NULL;
+    return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, why);
+  }
+  return FAB_OK;
+}
+
+/* Our hello to each peer: who we are and where its signal records go. */
+static fab_result write_hellos(fab_coll* g, const char* fn) {
+  for (int r = 0; r < g->nranks; r++) {
+    if (r == g->rank) continue;
+    fab_coll_peer* p = &g->peers[r];
+    fab_result rc = make_ring(g, p, fn);
+    if (rc != FAB_OK) return rc;
+    coll_hello h = {.magic = HELLO_MAGIC, .rank = g->rank, .nranks = g->nranks, .token = g->token,
+                    .ring_addr = p->ring_reg.win.addr, .ring_key = p->ring_reg.win.key,
+                    .ring_len = p->ring_reg.win.len};
+    h.check = hello_check(&h);
+    memcpy(fab_coll_part_out(g, r), &h, sizeof(h));
+  }
+  return FAB_OK;
+}
+
+/* The hello in part_in(r) came in on slot[r], a recv comm not yet matched
+ * to a rank: the hello says which rank it is. */
+static fab_result read_hellos(fab_coll* g, void** slot, const char* fn) {
+  for (int r = 0; r < g->nranks; r++) {
+    if (r == g->rank) continue;
+    coll_hello h;
+    memcpy(&h, fab_coll_part_in(g, r), sizeof(h));
+    if (h.magic != HELLO_MAGIC || h.check != hello_check(&h) || h.nranks != g->nranks || h.rank < 0 ||
+        h.rank >= g->nranks || h.rank == g->rank || g->peers[h.rank].recv_h) {
+      char why[192];
+      snprintf(why, sizeof(why), "a peer's hello is malformed or names rank %d of %d (we are rank %d of %d); every "
+               "rank must pass the same handles and its own rank", h.rank, h.nranks, g->rank, g->nranks);
+      return fab_coll_fail(g, FAB_ERR_REMOTE, fn, why);
+    }
+    fab_coll_peer* p = &g->peers[h.rank];
+    p->recv_h = slot[r];
+    p->token = h.token;
+    p->ring = (fab_window){.addr = h.ring_addr, .len = h.ring_len, .key = h.ring_key};
+  }
+  return FAB_OK;
+}
+
+/* Resolves the comms, and hooks the recv comms up to the target side. */
+static fab_result bind_peers(fab_coll* g, const char* fn) {
+  for (int r = 0; r < g->nranks; r++) {
+    if (r == g->rank) continue;
+    fab_coll_peer* p = &g->peers[r];
+    p->sc = fab_obj_get(p->send_h, FAB_OBJ_SEND);
+    p->rc = fab_obj_get(p->recv_h, FAB_OBJ_RECV);
+    if (!p->sc || !p->rc || p->rc->ep != g->target_ep)
+      return fab_coll_fail(g, FAB_ERR_INTERNAL, fn, "a peer's comm is not where the group expects it");
+    add_ep(g, p->sc->ep);
+    if (p->sc->home) add_ep(g, p->sc->home);
+    pthread_mutex_lock(&g->target_ep->lock);
+    p->rc->onesided_arg = p;
+    p->rc->onesided = fab_coll_target_landed;
+    pthread_mutex_unlock(&g->target_ep->lock);
+  }
+  return FAB_OK;
+}
+
+static fab_result hello(fab_coll* g, void** accepted, const char* fn) {
+  fab_result rc = write_hellos(g, fn);
+  if (rc != FAB_OK) return rc;
+  /* the recv comms are not matched to ranks yet: slot r takes any one */
+  void** slot = calloc((size_t)(unsigned)g->nranks, sizeof(void*));
+  if (!slot) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
+  for (int r = 0, i = 0; r < g->nranks; r++)
+    if (r != g->rank) slot[r] = accepted[i++];
+  rc = fab_coll_exchange_on(g, slot, HELLO_TAG, fn);
+  if (rc == FAB_OK) rc = read_hellos(g, slot, fn);
+  free(slot);
+  if (rc == FAB_OK) rc = bind_peers(g, fn);
+  return rc;
+}
+
+static fab_result coll_setup(fab_coll* g, fab_listener* l, void** handles, const char* fn) {
+  size_t xlen = (size_t)2 * g->nranks * FAB_COLL_XCHG_BYTES;
+  g->xchg_buf = calloc(1, xlen);
+  if (!g->xchg_buf) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
+  fab_result rc = fab_mr_register_on(l->dev, l->ep->dev, g->xchg_buf, xlen, FAB_PTR_HOST, 0, -1, &g->xchg_mh, fn);
+  if (rc != FAB_OK) return fab_coll_fail(g, rc, fn, "registering the exchange buffer failed");
+  if (g->nranks == 1) return FAB_OK;
+  void** accepted = calloc((size_t)g->nranks, sizeof(void*));
+  if (!accepted) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
+  rc = handshake(g, l, handles, accepted, fn);
+  if (rc == FAB_OK) rc = hello(g, accepted, fn);
+  /* comms not adopted by a peer (a failed hello) are closed here */
+  for (int i = 0; i < g->nranks - 1; i++) {
+    int adopted = 0;
+    for (int r = 0; r < g->nranks; r++) adopted |= accepted[i] && g->peers[r].recv_h == accepted[i];
+    if (accepted[i] && !adopted) fab_close_recv(accepted[i]);
+  }
+  free(accepted);
+  return rc;
+}
+
+static void coll_destroy(fab_coll* g);
+
+static fab_result connect_args(void** handles, int nranks, int rank, void* listen_comm, void** coll,
+                               fab_listener** l) {
+  if (!coll) return fab_bad_argument("connect", "collComm", 0, "a non-NULL pointer");
+  *coll = NULL;
+  if (!handles) return fab_bad_argument("connect", "handles", 0, "an array of nranks handles");
+  if (nranks < 1) return fab_bad_argument("connect", "nranks", nranks, "at least 1");
+  if (rank < 0 || rank >= nranks) return fab_bad_argument("connect", "rank", rank, "0..nranks-1");
+  for (int r = 0; r < nranks; r++)
+    if (!handles[r] && r != rank) return fab_bad_argument("connect", "handles[]", r, "a handle from every rank");
+  *l = fab_obj_get(listen_comm, FAB_OBJ_LISTEN);
+  if (!*l) {
+    FAB_WARN("connect: %p is not a live listen comm; pass the one listen() returned on this rank", listen_comm);
+    return FAB_ERR_INTERNAL;
+  }
+  if ((*l)->ep->dev->ops != &fab_rdma_ops) {
+    FAB_WARN("connect: device %s runs the %s transport; one-sided operations need the rdma transport "
+             "(FABRIC_TRANSPORT=rdma, or auto on a provider where it is preferred)", (*l)->dev->name,
+             (*l)->ep->dev->ops->name);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  return FAB_OK;
+}
+
+fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, void* listen_comm, void** coll) {
+  (void)ctx; /* NCCL passes its net context here, not the RMA one listen got: the listen comm's context owns it */
+  fab_listener* l = NULL;
+  fab_result rc = connect_args(handles, nranks, rank, listen_comm, coll, &l);
+  if (rc != FAB_OK) return rc;
+  fab_coll* g = calloc(1, sizeof(*g));
+  fab_coll_peer* peers = calloc((size_t)nranks, sizeof(*peers));
+  if (!g || !peers) {
+    free(g);
+    free(peers);
+    FAB_WARN("connect: out of memory for a group of %d ranks", nranks);
+    return FAB_ERR_SYSTEM;
+  }
+  g->magic = COLL_MAGIC;
+  g->peers = peers;
+  g->nranks = nranks;
+  g->rank = rank;
+  g->dev = l->dev;
+  g->target_ep = l->ep;
+  g->token = (uint32_t)fab_random64();
+  pthread_mutex_init(&g->lock, NULL);
+  pthread_mutex_init(&g->xchg_lock, NULL);
+  fab_list_init(&g->ctxs);
+  fab_list_init(&g->free_reqs);
+  fab_list_init(&g->chunks);
+  add_ep(g, l->ep);
+  for (int r = 0; r < nranks; r++) {
+    peers[r].coll = g;
+    peers[r].rank = r;
+    fab_list_init(&peers[r].waiting);
+    fab_op_init(&peers[r].ack_op, fab_coll_ack_done, &peers[r], 0);
+  }
+  rc = coll_setup(g, l, handles, "connect");
+  if (rc == FAB_OK) {
+    g->handle = fab_obj_add(FAB_OBJ_COLL, g);
+    if (!g->handle) rc = fab_coll_fail(g, FAB_ERR_SYSTEM, "connect", "handle table full");
+  }
+  if (rc != FAB_OK) {
+    coll_destroy(g);
+    return rc;
+  }
+  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "RMA group of %d ranks connected on %s (rank %d)", nranks, g->dev->name,
+           rank);
+  *coll = g->handle;
+  return FAB_OK;
+}
+
+/* --- close ---------------------------------------------------------------------------- */
+
+static void coll_destroy(fab_coll* g) {
+  int64_t deadline = fab_now_ms() + FAB_CLOSE_DRAIN_MS;
+  while (fab_coll_busy(g) && fab_now_ms() < deadline) {
+    fab_coll_poll(g);
+    sched_yield();
+  }
+  int leak = fab_coll_busy(g); /* the provider may still write into requests: keep them */
+  pthread_mutex_lock(&g->target_ep->lock);
+  for (int r = 0; r < g->nranks; r++) {
+    fab_coll_peer* p = &g->peers[r];
+    if (p->rc) {
+      p->rc->onesided = NULL;
+      p->rc->onesided_arg = NULL;
+    }
+    if (p->ring_mem) fab_rma_buf_retire(g->target_ep, &p->ring_reg, p->ring_mem); /* the peer may still write */
+  }
+  pthread_mutex_unlock(&g->target_ep->lock);
+  for (int r = 0; r < g->nranks; r++) {
+    if (g->peers[r].send_h) fab_close_send(g->peers[r].send_h);
+    if (g->peers[r].recv_h) fab_close_recv(g->peers[r].recv_h);
+  }
+  for (uint32_t i = 0; i < g->nwins; i++)
+    if (g->wins[i]) {
+      FAB_INFO(FAB_SUBSYS_NET, "closeColl: symmetric registration %u was not deregistered; releasing it", i);
+      fab_obj_remove(g->wins[i]->handle, FAB_OBJ_COLL_WIN);
+      fab_coll_win_free(g->wins[i]);
+    }
+  free(g->wins);
+  fab_coll_ctxs_drop(g);
+  if (g->xchg_mh) fab_mr_deregister(g->xchg_mh);
+  free(g->xchg_buf);
+  if (leak) {
+    FAB_INFO(FAB_SUBSYS_NET, "closeColl: operations still in flight after %d ms; their requests stay allocated",
+             FAB_CLOSE_DRAIN_MS);
+    return;
+  }
+  fab_coll_reqs_free(g);
+  pthread_mutex_destroy(&g->lock);
+  pthread_mutex_destroy(&g->xchg_lock);
+  free(g->peers);
+  g->magic = 0;
+  free(g);
+}
+
+fab_result fab_close_coll(void* coll) {
+  fab_coll* g = fab_coll_get(coll, "closeColl");
+  if (!g) return FAB_ERR_INTERNAL;
+  fab_obj_remove(coll, FAB_OBJ_COLL);
+  coll_destroy(g);
+  return FAB_OK;
+}
+
+fab_result fab_coll_rma_properties(void* coll, fab_rma_properties* props) {
+  if (!props) return fab_bad_argument("getRmaProperties", "rmaProps", 0, "a non-NULL pointer");
+  fab_coll* g = fab_coll_get(coll, "getRmaProperties");
+  if (!g) return FAB_ERR_INTERNAL;
+  /* a signal waits for its own source's puts only, not for every peer's */
+  props->flushes_all_puts_on_any_signal = false;
+  return FAB_OK;
+}
+
+void fab_coll_win_free(fab_coll_win* w) {
+  fab_mr_deregister(w->mr_handle);
+  free(w->remote);
+  free(w);
+}
+
+void fab_coll_ctxs_drop(fab_coll* g) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &g->ctxs) {
+    fab_coll_ctx* x = FAB_CONTAINER_OF(it, fab_coll_ctx, node);
+    FAB_INFO(FAB_SUBSYS_NET, "closeColl: an RMA context was not destroyed; it is invalid from now on");
+    fab_obj_remove(x->handle, FAB_OBJ_COLL_CTX);
+    fab_list_del(&x->node);
+    free(x);
+  }
+}

@@ -1,0 +1,197 @@
+/*
+ * The one-sided engine behind NCCL's RMA (and GIN proxy) tables: a group of
+ * ranks connected all to all (a "coll"), symmetric windows, and put, get,
+ * put-with-signal and flush between them.
+ *
+ * Built on the point-to-point layer: connect makes one send comm and one
+ * recv comm per peer with the ordinary handshake (so addresses, checks and
+ * the transport's comm ids come for free), and the collective exchanges
+ * (hello, windows) are tagged messages on those comms. Data never goes
+ * through them: puts, gets and signals are RDMA operations posted directly
+ * on the endpoint (core/fab_rma.c, window-checked), and what lands at a
+ * target is named by the rdma transport's remote CQ data with its one-sided
+ * slot (transports/rdma/rd_proto.h), dispatched to fab_coll_target_landed
+ * under the target endpoint's lock.
+ *
+ * Signals are applied by the target, never by the provider: a signal record
+ * (fab_coll_sig) says how many puts from its source must have landed first,
+ * and the target counts the puts it sees. So a signal is never visible
+ * before its own data nor before any earlier put of the same source, on any
+ * provider, whatever ordering it offers (every signal is strong). Records
+ * go into a ring per (target, source); the target gives slots back with
+ * acknowledgements.
+ */
+#ifndef FAB_COLL_H
+#define FAB_COLL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "fab_engine.h"
+#include "fab_mr.h"
+#include "fab_rma.h"
+
+enum {
+  FAB_COLL_RING = 64,          /* signal records in flight per (source, target) */
+  FAB_COLL_SCRATCH = 64,       /* bytes past a ring where acknowledgements land */
+  FAB_COLL_MAX_CONTEXTS = 256, /* contexts per createContext */
+  FAB_COLL_REQ_CHUNK = 256,    /* requests are allocated this many at a time */
+  FAB_COLL_XCHG_BYTES = 64,    /* one rank's part of a collective exchange */
+};
+
+/* What the low 32 bits of a one-sided write's remote CQ data say. */
+enum { FAB_COLL_PUT = 1, FAB_COLL_SIGNAL = 2, FAB_COLL_ACK = 3 };
+static inline uint32_t fab_coll_cq_low(unsigned kind, uint32_t value) { return (uint32_t)kind << 28 | (value & 0xffffff); }
+
+/* One signal record, written into the target's ring slot seq % FAB_COLL_RING. */
+typedef struct fab_coll_sig {
+  uint64_t puts_before; /* puts from this source that land before the signal applies */
+  uint64_t offset;      /* in the target's window */
+  uint64_t value;
+  uint32_t seq;         /* the signal's number from this source */
+  uint32_t window;      /* the symmetric registration's id */
+  uint32_t op;          /* FAB_SIGNAL_INC / FAB_SIGNAL_ADD */
+  uint32_t token;       /* the coll's token: a record of another group is refused */
+  uint32_t check;       /* fab_coll_sig_check */
+  uint32_t reserved;
+} fab_coll_sig;
+_Static_assert(sizeof(fab_coll_sig) == 48, "fab_coll_sig layout");
+
+static inline uint32_t fab_coll_sig_check(const fab_coll_sig* s) {
+  return (uint32_t)(s->puts_before ^ s->offset ^ s->value) ^ s->seq ^ s->window ^ s->op ^ s->token ^ 0x47495346u;
+}
+
+typedef struct fab_coll fab_coll;
+
+typedef struct fab_coll_peer {
+  fab_coll* coll;
+  int rank;
+  void* send_h;         /* handles of the point-to-point comms */
+  void* recv_h;
+  fab_comm* sc;         /* our writes to the peer go out through sc */
+  fab_comm* rc;         /* the peer's writes to us are named by rc's id */
+  fab_window ring;      /* the peer's ring for our signal records (+ scratch) */
+  uint32_t token;       /* the peer's: its records carry it */
+  /* source side (coll->lock, except the atomics) */
+  uint64_t puts_posted;
+  uint32_t sig_seq;
+  _Atomic uint32_t sig_acked;  /* records the peer has consumed */
+  fab_list waiting;            /* signal requests waiting for ring room */
+  uint64_t ops_posted;         /* every operation posted to the peer */
+  _Atomic uint64_t ops_done;
+  _Atomic int ack_inflight;    /* an acknowledgement write of ours is in flight */
+  fab_op ack_op;
+  uint64_t ack_word;
+  /* target side (the target endpoint's lock) */
+  uint64_t puts_landed;
+  uint32_t sig_next;           /* the next record to apply */
+  _Atomic uint32_t sig_applied; /* = sig_next, for the acknowledging side */
+  uint32_t consumed_acked;     /* applied count last acknowledged (coll->lock) */
+  uint8_t landed[FAB_COLL_RING];
+  fab_coll_sig* ring_mem;      /* our ring for the peer's records */
+  fab_rma_buf ring_reg;
+  char bad[96];                /* the protocol error that failed the peer, if any */
+} fab_coll_peer;
+
+/* A symmetric registration: ours, and every rank's window for it. */
+typedef struct fab_coll_win {
+  uint32_t magic;
+  uint32_t id;           /* the same on every rank: registrations are collective */
+  void* handle;
+  fab_coll* coll;
+  void* mr_handle;       /* the point-to-point registration behind it */
+  fab_mr* mr;
+  uintptr_t base;
+  size_t len;
+  fab_window* remote;    /* per rank */
+} fab_coll_win;
+
+struct fab_coll {
+  uint32_t magic;
+  void* handle;
+  pthread_mutex_t lock;  /* source-side state, requests */
+  pthread_mutex_t xchg_lock; /* collective calls: one exchange at a time */
+  fab_device* dev;
+  fab_endpoint* target_ep; /* where the peers' writes land (every rc lives there) */
+  int nranks, rank;
+  uint32_t token;
+  fab_coll_peer* peers;  /* per rank; peers[rank] is unused */
+  fab_endpoint* eps[FAB_MAX_DEVICES + 16]; /* distinct endpoints to poll */
+  int neps;
+  uint32_t next_win;     /* id of the next symmetric registration */
+  fab_coll_win** wins;   /* by id (NULL once deregistered); target_ep lock to change */
+  uint32_t nwins;
+  uint32_t xchg_seq;     /* collective exchanges so far (their tags) */
+  void* xchg_buf;        /* registered: nranks parts to send, nranks to receive */
+  void* xchg_mh;
+  fab_list free_reqs;
+  fab_list chunks;
+  fab_list ctxs;         /* live contexts */
+  _Atomic int failed;    /* a peer or the group failed: every call after returns the error */
+  char why[192];
+};
+
+/* A context: an ordering domain to NCCL; here a validated name for a range of
+ * contexts (the engine orders every source's signals after all its puts). */
+typedef struct fab_coll_ctx {
+  void* handle;
+  fab_coll* coll;
+  int ncontexts;
+  fab_list node; /* coll->ctxs */
+} fab_coll_ctx;
+
+enum { FAB_COLL_REQ_FREE = 0, FAB_COLL_REQ_ACTIVE = 1, FAB_COLL_REQ_WAITING = 2 };
+
+typedef struct fab_coll_req {
+  uint32_t magic;
+  uint8_t state;
+  uint8_t flush;        /* a flush: done once the peer's ops_done reaches flush_target */
+  fab_coll* coll;
+  fab_coll_peer* peer;
+  _Atomic int pending;  /* operations posted and not complete */
+  _Atomic int failed;
+  fab_result result;
+  char why[160];
+  uint64_t flush_target;
+  fab_op ops[2];        /* the data write or read, the signal record */
+  fab_coll_sig sig;     /* staged until the ring has room */
+  fab_list node;        /* free list, or the peer's waiting list */
+} fab_coll_req;
+
+/* The files call down this list only: ops <- xchg <- fab_coll (connect,
+ * close) <- api. */
+
+/* fab_coll_xchg.c. One round of an all-to-all exchange: part[i]
+ * (FAB_COLL_XCHG_BYTES) goes to rank i, and out[i] receives rank i's part
+ * for us. Blocking, with the connect timeout; xchg_lock held. */
+fab_result fab_coll_exchange(fab_coll* g, const void* parts, void* out, const char* fn);
+/* The same with the parts already in place (fab_coll_part_out), receiving
+ * rank r's part into fab_coll_part_in(r) from recv_h[r]. */
+fab_result fab_coll_exchange_on(fab_coll* g, void** recv_h, int tag, const char* fn);
+static inline char* fab_coll_part_out(fab_coll* g, int rank) {
+  return (char*)g->xchg_buf + (size_t)rank * FAB_COLL_XCHG_BYTES;
+}
+static inline char* fab_coll_part_in(fab_coll* g, int rank) {
+  return (char*)g->xchg_buf + (size_t)(g->nranks + rank) * FAB_COLL_XCHG_BYTES;
+}
+
+/* fab_coll.c: connect, close. */
+void fab_coll_ctxs_drop(fab_coll* g);
+void fab_coll_win_free(fab_coll_win* w);
+
+/* fab_coll_ops.c: the group's state, requests and one-sided operations. */
+fab_coll* fab_coll_get(void* handle, const char* fn);
+/* Fails the group (sticky), with one WARN naming fn and why. */
+fab_result fab_coll_fail(fab_coll* g, fab_result rc, const char* fn, const char* why);
+/* Drives every endpoint of the group, then its waiting signals and acks. */
+fab_result fab_coll_poll(fab_coll* g);
+fab_result fab_coll_progress(fab_coll* g);
+void fab_coll_target_landed(fab_comm* rc, uint32_t low);
+/* Completion of an acknowledgement write (a peer's ack_op). */
+void fab_coll_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
+fab_result fab_coll_post_waiting(fab_coll* g);
+void fab_coll_reqs_free(fab_coll* g);
+/* 1 while any request of the group is posted and not complete. */
+int fab_coll_busy(fab_coll* g);
+
+#endif /* FAB_COLL_H */

@@ -1,0 +1,239 @@
+/* The RMA family's own calls that are not data operations: init, device
+ * properties, contexts, symmetric registration, progress, errors. See
+ * fab_coll.h. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_coll.h"
+#include "fab_transport.h"
+
+enum { WIN_MAGIC = 0x57494e44 };
+
+fab_result fab_rma_init(fab_ctx** ctx, uint64_t comm_id, fab_logger_fn logger) {
+  fab_result rc = fab_init(ctx, comm_id, NULL, logger, NULL);
+  if (rc != FAB_OK) return rc;
+  fab_device* d = fab_g.devs[0];
+  if (d->ops != &fab_rdma_ops) {
+    FAB_WARN("RMA init: device %s runs the %s transport, and one-sided operations need the rdma transport: NCCL's "
+             "RMA API will not use this plugin. Set FABRIC_TRANSPORT=rdma where the provider offers FI_RMA",
+             d->name, d->ops->name);
+    fab_finalize(*ctx);
+    *ctx = NULL;
+    return FAB_ERR_INVALID_USAGE;
+  }
+  return FAB_OK;
+}
+
+fab_result fab_rma_get_properties(int dev, fab_properties* props) {
+  fab_result rc = fab_get_properties(dev, props);
+  if (rc != FAB_OK) return rc;
+  props->net_device_type = FAB_NET_DEVICE_GIN_PROXY; /* host operations, driven by NCCL's proxy */
+  props->net_device_version = 0;
+  return FAB_OK;
+}
+
+/* --- contexts ------------------------------------------------------------------------- */
+
+fab_result fab_rma_create_context(void* coll, const fab_rma_config* config, void** rma_ctx, void** dev_handle) {
+  if (!rma_ctx) return fab_bad_argument("createContext", "rmaCtx", 0, "a non-NULL pointer");
+  *rma_ctx = NULL;
+  if (dev_handle) *dev_handle = NULL; /* a proxy backend has no device-side handle */
+  fab_coll* g = fab_coll_get(coll, "createContext");
+  if (!g) return FAB_ERR_INTERNAL;
+  int n = config ? config->n_contexts : 1;
+  if (n < 1 || n > FAB_COLL_MAX_CONTEXTS) return fab_bad_argument("createContext", "nContexts", n, "1..256");
+  if (config && config->rank_stride < 0)
+    return fab_bad_argument("createContext", "rankStride", config->rank_stride, "0 or more (1: every peer)");
+  fab_coll_ctx* x = calloc(1, sizeof(*x));
+  if (!x) {
+    FAB_WARN("createContext: out of memory");
+    return FAB_ERR_SYSTEM;
+  }
+  x->coll = g;
+  x->ncontexts = n;
+  x->handle = fab_obj_add(FAB_OBJ_COLL_CTX, x);
+  if (!x->handle) {
+    free(x);
+    FAB_WARN("createContext: handle table full");
+    return FAB_ERR_SYSTEM;
+  }
+  pthread_mutex_lock(&g->lock);
+  fab_list_push(&g->ctxs, &x->node);
+  pthread_mutex_unlock(&g->lock);
+  *rma_ctx = x->handle;
+  return FAB_OK;
+}
+
+fab_result fab_rma_destroy_context(void* rma_ctx) {
+  fab_coll_ctx* x = fab_obj_get(rma_ctx, FAB_OBJ_COLL_CTX);
+  if (!x) {
+    FAB_WARN("destroyContext: %p is not a live RMA context (destroyed twice, or its comm closed first?)", rma_ctx);
+    return FAB_ERR_INTERNAL;
+  }
+  fab_coll* g = x->coll;
+  pthread_mutex_lock(&g->lock);
+  fab_obj_remove(rma_ctx, FAB_OBJ_COLL_CTX);
+  fab_list_del(&x->node);
+  pthread_mutex_unlock(&g->lock);
+  free(x);
+  return FAB_OK;
+}
+
+static fab_coll* ctx_coll(void* rma_ctx, const char* fn) {
+  fab_coll_ctx* x = fab_obj_get(rma_ctx, FAB_OBJ_COLL_CTX);
+  if (x) return x->coll;
+  FAB_WARN("%s: %p is not a live RMA context; pass what createContext returned", fn, rma_ctx);
+  return NULL;
+}
+
+fab_result fab_rma_progress(void* rma_ctx) {
+  fab_coll* g = ctx_coll(rma_ctx, "rmaProgress");
+  if (!g) return FAB_ERR_INTERNAL;
+  fab_coll_progress(g);
+  return (fab_result)atomic_load(&g->failed); /* its one WARN was given when it failed */
+}
+
+fab_result fab_rma_query_last_error(void* rma_ctx, bool* has_error) {
+  if (!has_error) return fab_bad_argument("queryLastError", "hasError", 0, "a non-NULL pointer");
+  fab_coll* g = ctx_coll(rma_ctx, "queryLastError");
+  if (!g) return FAB_ERR_INTERNAL;
+  *has_error = atomic_load(&g->failed) != 0;
+  return FAB_OK;
+}
+
+/* --- symmetric registration ----------------------------------------------------------- */
+
+typedef struct win_part {
+  uint32_t magic, id;
+  uint64_t addr, len, key;
+  uint32_t check;
+  uint32_t reserved[7];
+} win_part;
+_Static_assert(sizeof(win_part) == FAB_COLL_XCHG_BYTES, "win_part is one exchange part");
+
+static uint32_t win_check(const win_part* p) {
+  return p->magic ^ p->id ^ (uint32_t)p->addr ^ (uint32_t)(p->addr >> 32) ^ (uint32_t)p->len ^ (uint32_t)p->key ^
+         0x4d595357u;
+}
+
+/* Every rank's window for registration w, from the exchange. */
+static fab_result gather_windows(fab_coll* g, fab_coll_win* w, const char* fn) {
+  int n = g->nranks;
+  win_part* parts = calloc((size_t)n, sizeof(*parts));
+  win_part* out = calloc((size_t)n, sizeof(*out));
+  w->remote = calloc((size_t)n, sizeof(*w->remote));
+  fab_result rc = parts && out && w->remote ? FAB_OK : FAB_ERR_SYSTEM;
+  if (rc != FAB_OK) FAB_WARN("%s: out of memory", fn);
+  for (int r = 0; rc == FAB_OK && r < n; r++) {
+    parts[r] = (win_part){.magic = WIN_MAGIC, .id = w->id, .addr = fab_mr_remote_addr(w->mr, (void*)w->base),
+                          .len = w->len, .key = w->mr->key};
+    parts[r].check = win_check(&parts[r]);
+  }
+  if (rc == FAB_OK) rc = fab_coll_exchange(g, parts, out, fn);
+  for (int r = 0; rc == FAB_OK && r < n; r++) {
+    if (out[r].magic != WIN_MAGIC || out[r].check != win_check(&out[r]) || out[r].id != w->id) {
+      char why[192];
+      snprintf(why, sizeof(why), "rank %d registered window #%u while this rank registered #%u: every rank must call "
+               "regMrSym, in the same order", r, out[r].id, w->id);
+      rc = fab_coll_fail(g, FAB_ERR_INVALID_USAGE, fn, why);
+      break;
+    }
+    w->remote[r] = (fab_window){.addr = out[r].addr, .len = out[r].len, .key = out[r].key};
+  }
+  free(parts);
+  free(out);
+  return rc;
+}
+
+/* Makes w findable by id for the target side (peers' signals name it). */
+static fab_result publish(fab_coll* g, fab_coll_win* w, const char* fn) {
+  pthread_mutex_lock(&g->target_ep->lock);
+  if (w->id >= g->nwins) {
+    uint32_t cap = g->nwins ? g->nwins * 2 : 16;
+    while (cap <= w->id) cap *= 2;
+    fab_coll_win** v = realloc(g->wins, cap * sizeof(*v));
+    if (!v) {
+      pthread_mutex_unlock(&g->target_ep->lock);
+      FAB_WARN("%s: out of memory", fn);
+      return FAB_ERR_SYSTEM;
+    }
+    memset(v + g->nwins, 0, (cap - g->nwins) * sizeof(*v));
+    g->wins = v;
+    g->nwins = cap;
+  }
+  g->wins[w->id] = w;
+  pthread_mutex_unlock(&g->target_ep->lock);
+  return FAB_OK;
+}
+
+static fab_result reg_sym(fab_coll* g, fab_coll_win* w, void* data, size_t size, int type, uint64_t offset, int fd,
+                          const char* fn) {
+  fab_result rc = fab_mr_register_on(g->dev, g->target_ep->dev, data, size, type, offset, fd, &w->mr_handle, fn);
+  if (rc != FAB_OK) return rc;
+  w->mr = fab_obj_get(w->mr_handle, FAB_OBJ_MR);
+  w->id = g->next_win++;
+  rc = gather_windows(g, w, fn);
+  if (rc == FAB_OK) rc = publish(g, w, fn);
+  if (rc == FAB_OK) {
+    w->handle = fab_obj_add(FAB_OBJ_COLL_WIN, w);
+    if (!w->handle) {
+      FAB_WARN("%s: handle table full", fn);
+      rc = FAB_ERR_SYSTEM;
+      pthread_mutex_lock(&g->target_ep->lock);
+      g->wins[w->id] = NULL;
+      pthread_mutex_unlock(&g->target_ep->lock);
+    }
+  }
+  return rc;
+}
+
+fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t offset, int fd, uint64_t mr_flags,
+                          void** mhandle, void** gin_handle) {
+  (void)mr_flags; /* FORCE_SO, NEVER_RESET: signals are applied in order by the target here anyway */
+  const char* fn = fd >= 0 ? "regMrSymDmaBuf" : "regMrSym";
+  if (!mhandle) return fab_bad_argument(fn, "mhandle", 0, "a non-NULL pointer");
+  *mhandle = NULL;
+  if (gin_handle) *gin_handle = NULL;
+  fab_coll* g = fab_coll_get(coll, fn);
+  if (!g) return FAB_ERR_INTERNAL;
+  if (!data || !size) return fab_bad_argument(fn, "data/size", (long long)size, "a non-empty buffer");
+  if (size > (size_t)PTRDIFF_MAX || (uintptr_t)data > UINTPTR_MAX - size)
+    return fab_bad_argument(fn, "size", (long long)size, "a range inside the address space");
+  fab_coll_win* w = calloc(1, sizeof(*w));
+  if (!w) {
+    FAB_WARN("%s: out of memory", fn);
+    return FAB_ERR_SYSTEM;
+  }
+  w->magic = WIN_MAGIC;
+  w->coll = g;
+  w->base = (uintptr_t)data;
+  w->len = size;
+  pthread_mutex_lock(&g->xchg_lock);
+  fab_result rc = reg_sym(g, w, data, size, type, offset, fd, fn);
+  pthread_mutex_unlock(&g->xchg_lock);
+  if (rc != FAB_OK) {
+    if (w->mr_handle) fab_coll_win_free(w);
+    else free(w);
+    return rc;
+  }
+  *mhandle = w->handle;
+  if (gin_handle) *gin_handle = w->handle; /* the proxy passes it back as the window */
+  return FAB_OK;
+}
+
+fab_result fab_dereg_mr_sym(void* coll, void* mhandle) {
+  fab_coll* g = fab_coll_get(coll, "deregMrSym");
+  if (!g) return FAB_ERR_INTERNAL;
+  fab_coll_win* w = fab_obj_get(mhandle, FAB_OBJ_COLL_WIN);
+  if (!w || w->coll != g) {
+    FAB_WARN("deregMrSym: %p is not a live symmetric registration of this RMA comm", mhandle);
+    return FAB_ERR_INTERNAL;
+  }
+  fab_obj_remove(mhandle, FAB_OBJ_COLL_WIN);
+  pthread_mutex_lock(&g->target_ep->lock);
+  g->wins[w->id] = NULL; /* a later signal naming it is refused */
+  pthread_mutex_unlock(&g->target_ep->lock);
+  fab_coll_win_free(w);
+  return FAB_OK;
+}

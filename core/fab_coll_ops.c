@@ -1,0 +1,542 @@
+/* One-sided operations of a group: requests, put / put-with-signal / get /
+ * flush / test, and the target side that counts puts and applies signals.
+ * See fab_coll.h for the protocol. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_coll.h"
+#include "fab_req.h"
+#include "rdma/rd_proto.h"
+
+enum { REQ_MAGIC = 0x52524551, REQ_ABANDONED = 3 };
+
+typedef struct req_chunk {
+  fab_list node;
+  fab_coll_req reqs[FAB_COLL_REQ_CHUNK];
+} req_chunk;
+
+static void op_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
+
+/* --- the group ------------------------------------------------------------------ */
+
+fab_coll* fab_coll_get(void* handle, const char* fn) {
+  fab_coll* g = fab_obj_get(handle, FAB_OBJ_COLL);
+  if (g) return g;
+  fab_obj_kind k = fab_obj_kind_of(handle);
+  FAB_WARN("%s: %p is %s%s, not a live RMA collective comm", fn, handle, k ? "a " : "",
+           k ? fab_obj_kind_name(k) : "unknown or already closed");
+  return NULL;
+}
+
+fab_result fab_coll_fail(fab_coll* g, fab_result rc, const char* fn, const char* why) {
+  int was = atomic_exchange(&g->failed, (int)rc);
+  if (!was) {
+    snprintf(g->why, sizeof(g->why), "%s", why);
+    FAB_WARN("%s: the RMA group of %d ranks (rank %d) failed: %s", fn, g->nranks, g->rank, why);
+  }
+  return rc;
+}
+
+/* --- progress ----------------------------------------------------------------------- */
+
+fab_result fab_coll_poll(fab_coll* g) {
+  for (int i = 0; i < g->neps; i++) {
+    fab_result rc = fab_ep_poll(g->eps[i]);
+    if (rc != FAB_OK) return rc;
+  }
+  return FAB_OK;
+}
+
+fab_result fab_coll_progress(fab_coll* g) {
+  fab_result rc = fab_coll_poll(g);
+  if (rc != FAB_OK) return fab_coll_fail(g, rc, "rmaProgress", "its endpoint's completion queue failed");
+  pthread_mutex_lock(&g->lock);
+  rc = fab_coll_post_waiting(g);
+  pthread_mutex_unlock(&g->lock);
+  return rc;
+}
+
+/* --- requests (g->lock) ------------------------------------------------------------- */
+
+static fab_coll_req* req_get(fab_coll* g, fab_coll_peer* p, int nops) {
+  if (fab_list_empty(&g->free_reqs)) {
+    req_chunk* ch = calloc(1, sizeof(*ch));
+    if (!ch) return NULL;
+    fab_list_push(&g->chunks, &ch->node);
+    for (int i = 0; i < FAB_COLL_REQ_CHUNK; i++) {
+      ch->reqs[i].magic = REQ_MAGIC;
+      ch->reqs[i].coll = g;
+      fab_op_init(&ch->reqs[i].ops[0], op_done, &ch->reqs[i], 0);
+      fab_op_init(&ch->reqs[i].ops[1], op_done, &ch->reqs[i], 1);
+      fab_list_push(&g->free_reqs, &ch->reqs[i].node);
+    }
+  }
+  fab_list* n = fab_list_pop(&g->free_reqs);
+  if (!n) return NULL;
+  fab_coll_req* r = FAB_CONTAINER_OF(n, fab_coll_req, node);
+  r->state = FAB_COLL_REQ_ACTIVE;
+  r->flush = 0;
+  r->peer = p;
+  r->result = FAB_OK;
+  r->why[0] = 0;
+  atomic_store_explicit(&r->failed, 0, memory_order_relaxed);
+  atomic_store_explicit(&r->pending, nops, memory_order_relaxed);
+  return r;
+}
+
+static void req_put(fab_coll_req* r) {
+  r->state = FAB_COLL_REQ_FREE;
+  fab_list_push(&r->coll->free_reqs, &r->node);
+}
+
+int fab_coll_busy(fab_coll* g) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &g->chunks) {
+    req_chunk* ch = FAB_CONTAINER_OF(it, req_chunk, node);
+    for (int i = 0; i < FAB_COLL_REQ_CHUNK; i++)
+      if (ch->reqs[i].state != FAB_COLL_REQ_FREE && atomic_load(&ch->reqs[i].pending) > 0) return 1;
+  }
+  return 0;
+}
+
+void fab_coll_reqs_free(fab_coll* g) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &g->chunks) {
+    fab_list_del(it);
+    free(FAB_CONTAINER_OF(it, req_chunk, node));
+  }
+}
+
+/* Completion of one operation of a request: only the request and the peer's
+ * atomic count are touched, and the pending count is the last write. */
+static void op_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  fab_coll_req* r = op->owner;
+  if (err && !atomic_exchange(&r->failed, 1)) {
+    r->result = fab_result_from_fi(err->err);
+    snprintf(r->why, sizeof(r->why), "%s to rank %d failed: %s", op->index ? "a signal" : "a one-sided operation",
+             r->peer->rank, fi_strerror(err->err));
+  }
+  atomic_fetch_add_explicit(&r->peer->ops_done, 1, memory_order_release);
+  atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel);
+}
+
+/* An operation that could not be posted: it counts as done and failed. */
+static fab_result not_posted(fab_coll_req* r, int i, ssize_t rc, const char* fn) {
+  struct fi_cq_err_entry err = {.err = (int)-rc};
+  op_done(&r->ops[i], NULL, &err);
+  FAB_WARN("%s: posting to rank %d failed: %s", fn, r->peer->rank, fi_strerror((int)-rc));
+  return fab_result_from_fi((int)-rc);
+}
+
+/* -FI_EAGAIN: drive ep and retry, for at most FABRIC_PEER_TIMEOUT_MS. */
+static int again(fab_endpoint* ep, int64_t* deadline) {
+  int64_t now = fab_now_ms();
+  if (!*deadline) *deadline = now + (fab_g.params.peer_timeout_ms > 0 ? fab_g.params.peer_timeout_ms : 30000);
+  fab_ep_poll(ep);
+  return now < *deadline;
+}
+
+/* --- signals: the source side ------------------------------------------------------- */
+
+static int ring_room(fab_coll_peer* p, uint32_t seq) {
+  return seq - atomic_load_explicit(&p->sig_acked, memory_order_acquire) < FAB_COLL_RING;
+}
+
+static fab_result post_sig(fab_coll_req* r) {
+  fab_coll_peer* p = r->peer;
+  uint32_t slot = r->sig.seq % FAB_COLL_RING;
+  uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_SIGNAL, slot));
+  int64_t deadline = 0;
+  ssize_t rc;
+  do rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &r->sig, sizeof(r->sig), &p->ring,
+                                   (uint64_t)slot * sizeof(fab_coll_sig), data, &r->ops[1]);
+  while (rc == -FI_EAGAIN && again(p->sc->ep, &deadline));
+  return rc == 0 ? FAB_OK : not_posted(r, 1, rc, "iputSignal");
+}
+
+void fab_coll_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  fab_coll_peer* p = op->owner;
+  if (err) fab_coll_fail(p->coll, fab_result_from_fi(err->err), "rmaProgress", "an acknowledgement write failed");
+  atomic_store_explicit(&p->ack_inflight, 0, memory_order_release);
+}
+
+/* Gives the peer its ring slots back: records we applied since the last
+ * acknowledgement, one write in flight at a time. */
+static fab_result post_ack(fab_coll* g, fab_coll_peer* p) {
+  uint32_t applied = atomic_load_explicit(&p->sig_applied, memory_order_acquire);
+  if (applied == p->consumed_acked || atomic_load_explicit(&p->ack_inflight, memory_order_acquire))
+    return FAB_OK;
+  atomic_store_explicit(&p->ack_inflight, 1, memory_order_relaxed);
+  p->ack_word = applied;
+  uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_ACK, applied));
+  ssize_t rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &p->ack_word, sizeof(p->ack_word), &p->ring,
+                                        FAB_COLL_RING * sizeof(fab_coll_sig), data, &p->ack_op);
+  if (rc == -FI_EAGAIN) {
+    atomic_store_explicit(&p->ack_inflight, 0, memory_order_relaxed);
+    return FAB_OK; /* next progress */
+  }
+  if (rc != 0) {
+    atomic_store_explicit(&p->ack_inflight, 0, memory_order_relaxed);
+    return fab_coll_fail(g, fab_result_from_fi((int)-rc), "rmaProgress", "posting an acknowledgement failed");
+  }
+  p->consumed_acked = applied;
+  return FAB_OK;
+}
+
+fab_result fab_coll_post_waiting(fab_coll* g) {
+  for (int i = 0; i < g->nranks; i++) {
+    fab_coll_peer* p = &g->peers[i];
+    if (!p->sc) continue;
+    while (!fab_list_empty(&p->waiting)) {
+      fab_coll_req* r = FAB_CONTAINER_OF(p->waiting.next, fab_coll_req, node);
+      if (!ring_room(p, r->sig.seq)) break;
+      fab_list_del(&r->node);
+      post_sig(r); /* a failure is the request's */
+    }
+    fab_result rc = post_ack(g, p);
+    if (rc != FAB_OK) return rc;
+  }
+  return FAB_OK;
+}
+
+/* --- signals: the target side (target endpoint lock) ----------------------------------- */
+
+static void bad_peer(fab_coll_peer* p, const char* what) {
+  if (!p->bad[0]) snprintf(p->bad, sizeof(p->bad), "%s", what);
+  char why[192];
+  snprintf(why, sizeof(why), "rank %d sent %s; its writes are ignored from now on", p->rank, what);
+  fab_coll_fail(p->coll, FAB_ERR_REMOTE, "rmaProgress", why);
+}
+
+static int apply(fab_coll_peer* p, const fab_coll_sig* s) {
+  fab_coll* g = p->coll;
+  fab_coll_win* w = s->window < g->nwins ? g->wins[s->window] : NULL;
+  if (!w) {
+    bad_peer(p, "a signal for a window that is not registered here");
+    return 0;
+  }
+  if (w->len < 8 || s->offset % 8 || s->offset > w->len - 8) {
+    bad_peer(p, "a signal outside its window");
+    return 0;
+  }
+  if (s->op != FAB_SIGNAL_INC && s->op != FAB_SIGNAL_ADD) {
+    bad_peer(p, "a signal with an unknown operation");
+    return 0;
+  }
+  uint64_t add = s->op == FAB_SIGNAL_INC ? 1 : s->value;
+  __atomic_fetch_add((uint64_t*)(w->base + s->offset), add, __ATOMIC_RELEASE);
+  return 1;
+}
+
+/* Applies landed records in order, each once every put it follows is in. */
+static void apply_ready(fab_coll_peer* p) {
+  for (;;) {
+    uint32_t slot = p->sig_next % FAB_COLL_RING;
+    if (!p->landed[slot]) return;
+    fab_coll_sig s;
+    memcpy(&s, &p->ring_mem[slot], sizeof(s));
+    if (s.check != fab_coll_sig_check(&s) || s.seq != p->sig_next || s.token != p->token) {
+      bad_peer(p, "a signal record that fails its checks");
+      return;
+    }
+    if (s.puts_before > p->puts_landed) return; /* its puts are on the way */
+    if (!apply(p, &s)) return;
+    p->landed[slot] = 0;
+    p->sig_next++;
+    atomic_store_explicit(&p->sig_applied, p->sig_next, memory_order_release);
+  }
+}
+
+void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
+  fab_coll_peer* p = rc->onesided_arg;
+  if (!p || p->bad[0] || atomic_load(&p->coll->failed)) return;
+  uint32_t v = low & 0xffffff;
+  switch (low >> 28) {
+    case FAB_COLL_PUT:
+      p->puts_landed++;
+      apply_ready(p);
+      return;
+    case FAB_COLL_SIGNAL:
+      if (v >= FAB_COLL_RING || p->landed[v]) return bad_peer(p, "a signal into a ring slot it does not own");
+      p->landed[v] = 1;
+      apply_ready(p);
+      return;
+    case FAB_COLL_ACK: {
+      uint32_t acked = atomic_load_explicit(&p->sig_acked, memory_order_relaxed);
+      uint32_t delta = (v - acked) & 0xffffff;
+      if (delta > FAB_COLL_RING) return bad_peer(p, "an acknowledgement of signals never sent");
+      atomic_store_explicit(&p->sig_acked, acked + delta, memory_order_release);
+      return;
+    }
+    default:
+      bad_peer(p, "a one-sided write of an unknown kind");
+  }
+}
+
+/* --- argument checks ------------------------------------------------------------------ */
+
+typedef struct op_target {
+  fab_coll* g;
+  fab_coll_peer* p; /* NULL: the rank is our own */
+} op_target;
+
+static fab_result resolve(void* rma_ctx, int context, uint32_t rank, void** request, const char* fn,
+                          op_target* t) {
+  if (!request) return fab_bad_argument(fn, "request", 0, "a non-NULL pointer");
+  *request = NULL;
+  fab_coll_ctx* x = fab_obj_get(rma_ctx, FAB_OBJ_COLL_CTX);
+  if (!x) {
+    FAB_WARN("%s: %p is not a live RMA context; pass what createContext returned", fn, rma_ctx);
+    return FAB_ERR_INTERNAL;
+  }
+  fab_coll* g = x->coll;
+  if (context < 0 || context >= x->ncontexts) return fab_bad_argument(fn, "context", context, "0..nContexts-1");
+  if (rank >= (uint32_t)g->nranks) return fab_bad_argument(fn, "rank", rank, "0..nranks-1");
+  int failed = atomic_load(&g->failed);
+  if (failed) {
+    FAB_WARN("%s: the RMA group has failed: %s; close it", fn, g->why);
+    return (fab_result)failed;
+  }
+  t->g = g;
+  t->p = (int)rank == g->rank ? NULL : &g->peers[rank];
+  if (t->p && t->p->sc->error != FAB_OK) {
+    FAB_WARN("%s: the connection to rank %u has failed: %s; close the RMA comm", fn, rank, t->p->sc->error_why);
+    return t->p->sc->error;
+  }
+  return FAB_OK;
+}
+
+/* The window behind mhandle, of this group, with [off, off+len) inside
+ * rank's registration of it. */
+static fab_coll_win* window(fab_coll* g, void* mhandle, const char* arg, int rank, uint64_t off, uint64_t len,
+                            const char* fn) {
+  fab_coll_win* w = fab_obj_get(mhandle, FAB_OBJ_COLL_WIN);
+  if (!w || w->coll != g) {
+    FAB_WARN("%s: %s %p is not a live symmetric registration of this RMA comm; pass what regMrSym returned", fn, arg,
+             mhandle);
+    return NULL;
+  }
+  const fab_window* win = &w->remote[rank];
+  if (!fab_window_covers(win, off, len)) {
+    FAB_WARN("%s: %s: %llu bytes at offset %llu lie outside rank %d's registration of %llu bytes", fn, arg,
+             (unsigned long long)len, (unsigned long long)off, rank, (unsigned long long)win->len);
+    return NULL;
+  }
+  return w;
+}
+
+/* --- operations ----------------------------------------------------------------------- */
+
+typedef struct sig_args {
+  uint64_t off;
+  void* mhandle;
+  uint64_t value;
+  uint32_t op;
+} sig_args;
+
+static fab_result done_at_once(fab_coll* g, fab_coll_peer* p, void** request) {
+  pthread_mutex_lock(&g->lock);
+  fab_coll_req* r = req_get(g, p, 0);
+  pthread_mutex_unlock(&g->lock);
+  if (!r) {
+    FAB_WARN("RMA: out of memory for a request");
+    return FAB_ERR_SYSTEM;
+  }
+  *request = r;
+  return FAB_OK;
+}
+
+static void self_signal(fab_coll_win* sw, const sig_args* s) {
+  __atomic_fetch_add((uint64_t*)(sw->base + s->off), s->op == FAB_SIGNAL_INC ? 1 : s->value, __ATOMIC_RELEASE);
+}
+
+/* Posts the data write and queues or posts the signal record. g->lock held. */
+static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uint64_t src_off, size_t size,
+                           fab_coll_win* dst, uint64_t dst_off, fab_coll_win* sw, const sig_args* s) {
+  fab_coll_peer* p = t->p;
+  int rank = p->rank;
+  if (size) {
+    uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_PUT, 0));
+    int64_t deadline = 0;
+    ssize_t rc;
+    do rc = fab_rma_writedata(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
+                              &dst->remote[rank], dst_off, data, &r->ops[0]);
+    while (rc == -FI_EAGAIN && again(p->sc->ep, &deadline));
+    if (rc != 0) {
+      if (sw) op_done(&r->ops[1], NULL, NULL); /* its signal will not follow */
+      return not_posted(r, 0, rc, sw ? "iputSignal" : "iput");
+    }
+    p->puts_posted++;
+  }
+  if (!sw) return FAB_OK;
+  r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .offset = s->off, .value = s->value, .seq = p->sig_seq++,
+                          .window = sw->id, .op = s->op, .token = t->g->token};
+  r->sig.check = fab_coll_sig_check(&r->sig);
+  if (fab_list_empty(&p->waiting) && ring_room(p, r->sig.seq)) return post_sig(r);
+  fab_list_push(&p->waiting, &r->node); /* posted in order as the peer gives slots back */
+  return FAB_OK;
+}
+
+static fab_result put_common(void* rma_ctx, int context, uint64_t src_off, void* src_mh, size_t size,
+                             uint64_t dst_off, void* dst_mh, uint32_t rank, const sig_args* s, void** request,
+                             const char* fn) {
+  op_target t;
+  fab_result rc = resolve(rma_ctx, context, rank, request, fn, &t);
+  if (rc != FAB_OK) return rc;
+  fab_coll_win *src = NULL, *dst = NULL, *sw = NULL;
+  if (size) {
+    src = window(t.g, src_mh, "srcMhandle", t.g->rank, src_off, size, fn);
+    dst = src ? window(t.g, dst_mh, "dstMhandle", (int)rank, dst_off, size, fn) : NULL;
+    if (!dst) return FAB_ERR_INVALID_USAGE;
+  }
+  if (s) {
+    if (s->op != FAB_SIGNAL_INC && s->op != FAB_SIGNAL_ADD)
+      return fab_bad_argument(fn, "signalOp", s->op, "NCCL_NET_SIGNAL_OP_INC (1) or _ADD (2)");
+    if (s->off % 8) return fab_bad_argument(fn, "signalOff", (long long)s->off, "a multiple of 8");
+    sw = window(t.g, s->mhandle, "signalMhandle", (int)rank, s->off, 8, fn);
+    if (!sw) return FAB_ERR_INVALID_USAGE;
+  }
+  if (!t.p) { /* our own rank: the data and the signal are placed here and now */
+    if (size) memmove((char*)dst->base + dst_off, (char*)src->base + src_off, size);
+    if (sw) self_signal(sw, s);
+    return done_at_once(t.g, NULL, request);
+  }
+  if (!size && !sw) return done_at_once(t.g, t.p, request);
+  pthread_mutex_lock(&t.g->lock);
+  int nops = (size > 0) + (sw != NULL);
+  fab_coll_req* r = req_get(t.g, t.p, nops);
+  if (!r) {
+    pthread_mutex_unlock(&t.g->lock);
+    FAB_WARN("%s: out of memory for a request", fn);
+    return FAB_ERR_SYSTEM;
+  }
+  t.p->ops_posted += (uint64_t)nops;
+  rc = post_put(&t, r, src, src_off, size, dst, dst_off, sw, s);
+  pthread_mutex_unlock(&t.g->lock);
+  *request = r; /* a failure to post is reported by test, with the request */
+  return FAB_OK;
+}
+
+fab_result fab_rma_iput(void* rma_ctx, int context, uint64_t src_off, void* src_mhandle, size_t size,
+                        uint64_t dst_off, void* dst_mhandle, uint32_t rank, uint32_t opt_flags, void** request) {
+  (void)opt_flags; /* hints (aggregate requests, skip credit checks): every put is posted at once */
+  return put_common(rma_ctx, context, src_off, src_mhandle, size, dst_off, dst_mhandle, rank, NULL, request, "iput");
+}
+
+fab_result fab_rma_iput_signal(void* rma_ctx, int context, uint64_t src_off, void* src_mhandle, size_t size,
+                               uint64_t dst_off, void* dst_mhandle, uint32_t rank, uint64_t signal_off,
+                               void* signal_mhandle, uint64_t signal_value, uint32_t signal_op, bool strong,
+                               uint32_t opt_flags, void** request) {
+  (void)strong;    /* every signal is strong here (fab_coll.h) */
+  (void)opt_flags;
+  sig_args s = {.off = signal_off, .mhandle = signal_mhandle, .value = signal_value, .op = signal_op};
+  return put_common(rma_ctx, context, src_off, src_mhandle, size, dst_off, dst_mhandle, rank, &s, request,
+                    "iputSignal");
+}
+
+fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* remote_mhandle, size_t size,
+                        uint64_t local_off, void* local_mhandle, uint32_t rank, uint32_t opt_flags, void** request) {
+  (void)opt_flags;
+  op_target t;
+  fab_result rc = resolve(rma_ctx, context, rank, request, "iget", &t);
+  if (rc != FAB_OK) return rc;
+  if (!size) return done_at_once(t.g, t.p, request);
+  fab_coll_win* local = window(t.g, local_mhandle, "localMhandle", t.g->rank, local_off, size, "iget");
+  fab_coll_win* remote = local ? window(t.g, remote_mhandle, "remoteMhandle", (int)rank, remote_off, size, "iget")
+                               : NULL;
+  if (!remote) return FAB_ERR_INVALID_USAGE;
+  if (!t.p) {
+    memmove((char*)local->base + local_off, (char*)remote->base + remote_off, size);
+    return done_at_once(t.g, NULL, request);
+  }
+  pthread_mutex_lock(&t.g->lock);
+  fab_coll_req* r = req_get(t.g, t.p, 1);
+  if (r) {
+    t.p->ops_posted++;
+    int64_t deadline = 0;
+    ssize_t prc;
+    do prc = fab_rma_read(t.p->sc->ep, t.p->sc->peer, (char*)local->base + local_off, size, local->mr->desc,
+                          &remote->remote[rank], remote_off, &r->ops[0]);
+    while (prc == -FI_EAGAIN && again(t.p->sc->ep, &deadline));
+    if (prc != 0) not_posted(r, 0, prc, "iget");
+  }
+  pthread_mutex_unlock(&t.g->lock);
+  if (!r) {
+    FAB_WARN("iget: out of memory for a request");
+    return FAB_ERR_SYSTEM;
+  }
+  *request = r;
+  return FAB_OK;
+}
+
+fab_result fab_rma_iflush(void* rma_ctx, int context, void* mhandle, uint32_t rank, void** request) {
+  op_target t;
+  fab_result rc = resolve(rma_ctx, context, rank, request, "iflush", &t);
+  if (rc != FAB_OK) return rc;
+  if (mhandle && !window(t.g, mhandle, "mhandle", t.g->rank, 0, 0, "iflush")) return FAB_ERR_INVALID_USAGE;
+  if (!t.p) return FAB_OK; /* our own rank: everything is in place */
+  pthread_mutex_lock(&t.g->lock);
+  uint64_t target = t.p->ops_posted;
+  fab_coll_req* r = NULL;
+  if (atomic_load_explicit(&t.p->ops_done, memory_order_acquire) < target) {
+    r = req_get(t.g, t.p, 0);
+    if (r) {
+      r->flush = 1;
+      r->flush_target = target;
+    }
+  }
+  pthread_mutex_unlock(&t.g->lock);
+  if (!r && atomic_load(&t.p->ops_done) < target) {
+    FAB_WARN("iflush: out of memory for a request");
+    return FAB_ERR_SYSTEM;
+  }
+  *request = r; /* NULL: every earlier operation to rank is complete */
+  return FAB_OK;
+}
+
+/* --- test ------------------------------------------------------------------------------ */
+
+static int complete(fab_coll_req* r) {
+  if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) return 0;
+  return !r->flush || atomic_load_explicit(&r->peer->ops_done, memory_order_acquire) >= r->flush_target;
+}
+
+/* A request that can no longer complete: it stays out of the pool (the
+ * provider may still complete its operations) until the group closes. */
+static fab_result abandon(fab_coll_req* r, fab_result rc, const char* why) {
+  FAB_WARN("test: an RMA request to rank %d failed: %s", r->peer ? r->peer->rank : -1, why);
+  r->state = REQ_ABANDONED;
+  return rc;
+}
+
+fab_result fab_rma_test(void* coll, void* request, int* done) {
+  if (!done) return fab_bad_argument("test", "done", 0, "a non-NULL pointer");
+  *done = 0;
+  fab_coll* g = fab_coll_get(coll, "test");
+  if (!g) return FAB_ERR_INTERNAL;
+  fab_coll_req* r = request;
+  if (!r || r->magic != REQ_MAGIC || r->coll != g || r->state != FAB_COLL_REQ_ACTIVE) {
+    FAB_WARN("test: %p is not a live request of this RMA comm (already completed, or never returned by it)", request);
+    return FAB_ERR_INTERNAL;
+  }
+  if (!complete(r)) {
+    fab_coll_progress(g);
+    if (!complete(r)) {
+      if (r->peer && r->peer->sc) {
+        fab_comm_stalled(r->peer->sc); /* liveness: a dead peer fails the connection */
+        if (r->peer->sc->error != FAB_OK) return abandon(r, r->peer->sc->error, r->peer->sc->error_why);
+      }
+      int failed = atomic_load(&g->failed);
+      return failed ? abandon(r, (fab_result)failed, g->why) : FAB_OK;
+    }
+  }
+  *done = 1;
+  fab_result rc = FAB_OK;
+  if (atomic_load(&r->failed)) {
+    FAB_WARN("test: %s", r->why);
+    rc = r->result;
+  }
+  pthread_mutex_lock(&g->lock);
+  req_put(r);
+  pthread_mutex_unlock(&g->lock);
+  return rc;
+}
