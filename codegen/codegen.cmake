@@ -8,7 +8,7 @@
 #   fabric_drivers            static library: the generated drivers (fab_api over
 #                             every exported version's table) plus a translation
 #                             unit that compiles every ABI layout assert.
-#   fabric_add_net_plugin(<target> VERSIONS <v>... GENERATED_DIR <dir>)
+#   fabric_add_net_plugin(<target> VERSIONS <v>... [RMA_VERSIONS <v>...] GENERATED_DIR <dir>)
 #                             SHARED library lib<target>.so: fabric_engine plus
 #                             the chosen versions' shims, exporting exactly their
 #                             ncclNetPlugin_vN symbols.
@@ -73,7 +73,7 @@ add_dependencies(fabric_drivers fabric_codegen)
 # ---- the plugin library -----------------------------------------------------------------
 
 function(fabric_add_net_plugin target)
-  cmake_parse_arguments(ARG "" "GENERATED_DIR" "VERSIONS" ${ARGN})
+  cmake_parse_arguments(ARG "" "GENERATED_DIR" "VERSIONS;RMA_VERSIONS" ${ARGN})
   if(NOT ARG_GENERATED_DIR)
     set(ARG_GENERATED_DIR ${FABRIC_GENERATED_DIR})
   endif()
@@ -82,26 +82,36 @@ function(fabric_add_net_plugin target)
   endif()
   set(sources ${ARG_GENERATED_DIR}/${FABRIC_GEN_SHIM_COMMON})
   set(symbols "")
-  foreach(v IN LISTS ARG_VERSIONS)
-    if(NOT v IN_LIST FABRIC_GEN_NET_VERSIONS)
-      message(FATAL_ERROR "fabric_add_net_plugin(${target}): net v${v} is not described in ${FABRIC_ABI_DIR} "
-                          "(have: ${FABRIC_GEN_NET_VERSIONS}). See docs/adding-an-abi-version.md")
+  # Each family: the versions asked for must be described; their shims are
+  # linked and their tables exported.
+  foreach(fam NET RMA)
+    if(fam STREQUAL "NET")
+      set(wanted ${ARG_VERSIONS})
+    else()
+      set(wanted ${ARG_RMA_VERSIONS})
     endif()
-    list(APPEND sources ${ARG_GENERATED_DIR}/${FABRIC_GEN_NET_SHIM_${v}})
-    string(APPEND symbols "    ${FABRIC_GEN_NET_SYMBOL_${v}};\n")
+    string(TOLOWER ${fam} fam_name)
+    foreach(v IN LISTS wanted)
+      if(NOT v IN_LIST FABRIC_GEN_${fam}_VERSIONS)
+        message(FATAL_ERROR "fabric_add_net_plugin(${target}): ${fam_name} v${v} is not described in "
+                            "${FABRIC_ABI_DIR} (have: ${FABRIC_GEN_${fam}_VERSIONS}). See docs/adding-an-abi-version.md")
+      endif()
+      list(APPEND sources ${ARG_GENERATED_DIR}/${FABRIC_GEN_${fam}_SHIM_${v}})
+      string(APPEND symbols "    ${FABRIC_GEN_${fam}_SYMBOL_${v}};\n")
+    endforeach()
   endforeach()
 
   # Exactly the chosen tables are global; everything else (core included) is
   # local. Every version: the generated script; a subset: the same shape here.
-  set(chosen ${ARG_VERSIONS})
-  set(all ${FABRIC_GEN_NET_VERSIONS})
+  set(chosen ${ARG_VERSIONS} ${ARG_RMA_VERSIONS})
+  set(all ${FABRIC_GEN_NET_VERSIONS} ${FABRIC_GEN_RMA_VERSIONS})
   list(SORT chosen COMPARE NATURAL)
   list(SORT all COMPARE NATURAL)
   if(chosen STREQUAL all)
     set(map ${ARG_GENERATED_DIR}/exports/fabric-net.map)
   else()
     set(map ${CMAKE_CURRENT_BINARY_DIR}/${target}.map)
-    file(CONFIGURE OUTPUT ${map} CONTENT "/* Written by codegen/codegen.cmake for ${target}: net versions ${ARG_VERSIONS}. */
+    file(CONFIGURE OUTPUT ${map} CONTENT "/* Written by codegen/codegen.cmake for ${target}: net versions ${ARG_VERSIONS}, rma versions ${ARG_RMA_VERSIONS}. */
 {
   global:
 @symbols@  local:
@@ -118,5 +128,6 @@ function(fabric_add_net_plugin target)
   set_target_properties(${target} PROPERTIES OUTPUT_NAME ${target} PREFIX lib C_VISIBILITY_PRESET hidden
                         LINK_DEPENDS ${map})
   set_property(TARGET ${target} PROPERTY FABRIC_NET_VERSIONS "${ARG_VERSIONS}")
+  set_property(TARGET ${target} PROPERTY FABRIC_RMA_VERSIONS "${ARG_RMA_VERSIONS}")
   add_dependencies(${target} fabric_codegen)
 endfunction()

@@ -51,6 +51,47 @@ typedef struct fab_api {
   fab_result (*test)(void* request, int* done, int* sizes);
 } fab_api;
 
+/* The same for NCCL's RMA tables (one-sided groups). */
+typedef struct fab_rma_api {
+  const char* name;
+  int version;
+  int size_is_int;       /* always 0 */
+  int max_handle_size;
+
+  fab_result (*init)(fab_ctx** ctx, uint64_t comm_id, fab_logger_fn logger);
+  fab_result (*finalize)(fab_ctx* ctx);
+  fab_result (*devices)(int* ndev);
+  fab_result (*get_properties)(int dev, fab_properties* props);
+  fab_result (*get_rma_properties)(void* coll, fab_rma_properties* props); /* v16+ */
+  fab_result (*listen)(fab_ctx* ctx, int dev, void* handle, void** listen_comm);
+  fab_result (*connect)(fab_ctx* ctx, void** handles, int nranks, int rank, void* listen_comm, void** coll);
+  fab_result (*create_context)(void* coll, const fab_rma_config* config, void** rma_ctx, void** dev_handle);
+  fab_result (*reg_mr_sym)(void* coll, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle,
+                           void** gin_handle);
+  fab_result (*reg_mr_sym_dmabuf)(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
+                                  uint64_t mr_flags, void** mhandle, void** gin_handle);
+  fab_result (*dereg_mr_sym)(void* coll, void* mhandle);
+  fab_result (*destroy_context)(void* rma_ctx);
+  fab_result (*close_coll)(void* coll);
+  fab_result (*close_listen)(void* listen_comm);
+  fab_result (*iput)(void* rma_ctx, int context, uint64_t src_off, void* src_mhandle, size_t size, uint64_t dst_off,
+                     void* dst_mhandle, uint32_t rank, uint32_t opt_flags, void** request);
+  fab_result (*iput_signal)(void* rma_ctx, int context, uint64_t src_off, void* src_mhandle, size_t size,
+                            uint64_t dst_off, void* dst_mhandle, uint32_t rank, uint64_t signal_off,
+                            void* signal_mhandle, uint64_t signal_value, uint32_t signal_op, bool strong,
+                            uint32_t opt_flags, void** request);
+  fab_result (*iget)(void* rma_ctx, int context, uint64_t remote_off, void* remote_mhandle, size_t size,
+                     uint64_t local_off, void* local_mhandle, uint32_t rank, uint32_t opt_flags, void** request);
+  fab_result (*iflush)(void* rma_ctx, int context, void* mhandle, uint32_t rank, void** request);
+  fab_result (*test)(void* coll, void* request, int* done);
+  fab_result (*progress)(void* rma_ctx);
+  fab_result (*query_last_error)(void* rma_ctx, bool* has_error);
+} fab_rma_api;
+
+/* The core functions themselves, as tables (fab_api_core.c). */
+extern const fab_api fab_api_core;
+extern const fab_rma_api fab_rma_api_core;
+
 #ifdef __cplusplus
 }
 #endif

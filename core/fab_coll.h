@@ -74,7 +74,7 @@ typedef struct fab_coll_peer {
   uint32_t token;       /* the peer's: its records carry it */
   /* source side (coll->lock, except the atomics) */
   uint64_t puts_posted;
-  uint32_t sig_seq;
+  _Atomic uint32_t sig_seq;     /* signals issued (written under coll->lock) */
   _Atomic uint32_t sig_acked;  /* records the peer has consumed */
   fab_list waiting;            /* signal requests waiting for ring room */
   uint64_t ops_posted;         /* every operation posted to the peer */

@@ -188,10 +188,8 @@ static fab_result reg_sym(fab_coll* g, fab_coll_win* w, void* data, size_t size,
   return rc;
 }
 
-fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t offset, int fd, uint64_t mr_flags,
-                          void** mhandle, void** gin_handle) {
-  (void)mr_flags; /* FORCE_SO, NEVER_RESET: signals are applied in order by the target here anyway */
-  const char* fn = fd >= 0 ? "regMrSymDmaBuf" : "regMrSym";
+static fab_result reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
+                             void** mhandle, void** gin_handle, const char* fn) {
   if (!mhandle) return fab_bad_argument(fn, "mhandle", 0, "a non-NULL pointer");
   *mhandle = NULL;
   if (gin_handle) *gin_handle = NULL;
@@ -220,6 +218,26 @@ fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_
   *mhandle = w->handle;
   if (gin_handle) *gin_handle = w->handle; /* the proxy passes it back as the window */
   return FAB_OK;
+}
+
+fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle,
+                          void** gin_handle) {
+  (void)mr_flags; /* FORCE_SO, NEVER_RESET: signals are applied in order by the target here anyway */
+  return reg_mr_sym(coll, data, size, type, 0, -1, mhandle, gin_handle, "regMrSym");
+}
+
+fab_result fab_reg_mr_sym_dmabuf(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
+                                 uint64_t mr_flags, void** mhandle, void** gin_handle) {
+  (void)mr_flags;
+  fab_coll* g = fab_coll_get(coll, "regMrSymDmaBuf");
+  if (!g) return FAB_ERR_INTERNAL;
+  if (fd >= 0 && !(g->dev->props.ptr_support & FAB_PTR_DMABUF)) {
+    if (mhandle) *mhandle = NULL;
+    FAB_WARN("regMrSymDmaBuf: device %s does not support dma-buf registration (not advertised in ptrSupport); use "
+             "regMrSym", g->dev->name);
+    return FAB_ERR_INTERNAL;
+  }
+  return reg_mr_sym(coll, data, size, type, offset, fd, mhandle, gin_handle, "regMrSymDmaBuf");
 }
 
 fab_result fab_dereg_mr_sym(void* coll, void* mhandle) {

@@ -263,7 +263,9 @@ void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
     case FAB_COLL_ACK: {
       uint32_t acked = atomic_load_explicit(&p->sig_acked, memory_order_relaxed);
       uint32_t delta = (v - acked) & 0xffffff;
-      if (delta > FAB_COLL_RING) return bad_peer(p, "an acknowledgement of signals never sent");
+      uint32_t sent = atomic_load_explicit(&p->sig_seq, memory_order_relaxed);
+      if (delta > FAB_COLL_RING || (int32_t)(sent - (acked + delta)) < 0)
+        return bad_peer(p, "an acknowledgement of signals never sent");
       atomic_store_explicit(&p->sig_acked, acked + delta, memory_order_release);
       return;
     }
@@ -368,7 +370,7 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
     p->puts_posted++;
   }
   if (!sw) return FAB_OK;
-  r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .offset = s->off, .value = s->value, .seq = p->sig_seq++,
+  r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .offset = s->off, .value = s->value, .seq = atomic_fetch_add_explicit(&p->sig_seq, 1, memory_order_relaxed),
                           .window = sw->id, .op = s->op, .token = t->g->token};
   r->sig.check = fab_coll_sig_check(&r->sig);
   if (fab_list_empty(&p->waiting) && ring_room(p, r->sig.seq)) return post_sig(r);

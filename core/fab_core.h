@@ -196,10 +196,12 @@ fab_result fab_rma_create_context(void* coll, const fab_rma_config* config, void
 fab_result fab_rma_destroy_context(void* rma_ctx);
 fab_result fab_close_coll(void* coll);
 /* Collective: every rank registers, in the same order; the windows are
- * exchanged inside the call. fd < 0: not dma-buf. gin_handle (GIN layouts)
- * may be NULL; it receives the memory handle. */
-fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t offset, int fd, uint64_t mr_flags,
-                          void** mhandle, void** gin_handle);
+ * exchanged inside the call. gin_handle (GIN layouts) may be NULL; it
+ * receives the memory handle. */
+fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle,
+                          void** gin_handle);
+fab_result fab_reg_mr_sym_dmabuf(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
+                                 uint64_t mr_flags, void** mhandle, void** gin_handle);
 fab_result fab_dereg_mr_sym(void* coll, void* mhandle);
 /* Every operation returns a request to test (never NULL on success). */
 fab_result fab_rma_iput(void* rma_ctx, int context, uint64_t src_off, void* src_mhandle, size_t size,

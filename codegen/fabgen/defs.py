@@ -196,6 +196,7 @@ class Family:
     slots: list = field(default_factory=list)
     layout: VMap = None
     tables: dict = field(default_factory=dict)
+    api: str = "fab_api"            # the core table its drivers fill (core/fab_api.h)
 
     def header_for(self, v):
         return self.header.replace("{v}", str(v))
@@ -209,6 +210,7 @@ class ApiMember:
     after_fallback: str | None
     absent: str | None
     node: object
+    api: str = "fab_api"            # the struct in core/fab_api.h this member belongs to
 
 
 @dataclass

@@ -189,7 +189,7 @@ class Spec:
 
     def _family(self, node):
         node.keys({"name", "title", "versions", "table", "symbol", "header", "export", "plugin_name",
-                   "handle_size", "releases", "status", "doc"},
+                   "handle_size", "releases", "status", "doc", "api"},
                   {"name", "title", "versions", "table", "symbol", "header", "releases"})
         versions = node.get("versions", list)
         if not versions or any(not isinstance(v, int) or isinstance(v, bool) for v in versions):
@@ -217,6 +217,7 @@ class Spec:
         if not export and not fam.status:
             raise node.error("a family that is not exported needs 'status' saying why")
         fam._handle = handle
+        fam.api = node.get("api", str, "fab_api")
         for other in self.families:
             if other.key == fam.key:
                 raise node.error(f"family '{fam.key}' is already defined in {other.file}", "name")
@@ -305,9 +306,9 @@ class Spec:
                 args.append((an.get("name", str), self.resolve(an.get("type", str), None, an, "type", core=True)))
             core.functions[name] = CoreFunction(name, ret, args, fnode)
         for an in node.child("api").elements(lambda i, v: v.get("member") if isinstance(v, dict) else None):
-            an.keys({"member", "core", "fallback", "after_fallback", "absent"}, {"member", "core"})
+            an.keys({"member", "core", "fallback", "after_fallback", "absent", "api"}, {"member", "core"})
             m = ApiMember(an.get("member", str), an.get("core", str), an.get("fallback", str),
-                          an.get("after_fallback", str), an.get("absent", str), an)
+                          an.get("after_fallback", str), an.get("absent", str), an, an.get("api", str, "fab_api"))
             for k in ("core", "fallback"):
                 fn = getattr(m, k)
                 if fn is not None and fn not in core.functions:
@@ -315,7 +316,10 @@ class Spec:
             if m.absent not in (None, "null", "ok"):
                 raise an.error(f"'{m.absent}' is not one of: null, ok", "absent")
             core.api.append(m)
+        apis = {m.api for m in core.api}
         for fam in self.families:
+            if fam.export and fam.api not in apis:
+                raise fam.node.error(f"no [[core.api]] member belongs to '{fam.api}': its drivers would be empty", "api")
             h = fam._handle
             if isinstance(h, str):
                 if h not in self.constants:

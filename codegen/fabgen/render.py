@@ -174,7 +174,7 @@ def _exported(spec, shared_file):
             outs.append(Output("out", f"shims/fab_shim_{fam.key}_v{v}.c", "shim.c.j2", srcs, dict(
                 family=fam, table=table, functions=shims, core_header=spec.core.header,
                 members=[(s, _member_init(fam, v, s)) for s in table.slots])))
-            drivers = [(m, fn.driver_function(spec, table, m)) for m in spec.core.api]
+            drivers = [(m, fn.driver_function(spec, table, m)) for m in spec.core.api if m.api == fam.api]
             outs.append(Output("out", f"drivers/fab_driver_{fam.key}_v{v}.c", "driver.c.j2", srcs, dict(
                 family=fam, table=table, drivers=drivers, size_is_int=fn.size_is_int(table),
                 bind=f"fab_driver_bind_{fam.key}_v{v}")))
@@ -185,7 +185,7 @@ def _exported(spec, shared_file):
         exports=exports, array_max=DRIVER_ARRAY_MAX)))
     outs.append(Output("out", "drivers/fab_drivers.c", "drivers.c.j2", srcs, dict(exports=exports)))
     outs.append(Output("out", "exports/fabric-net.map", "version-script.map.j2", srcs, dict(
-        symbols=[t.symbol for fam, v, t, _ in exports if fam.key == "net"])))
+        symbols=[t.symbol for fam, v, t, _ in exports])))
     outs.append(Output("out", "exports/fabric_exports.cmake", "exports.cmake.j2", srcs, dict(exports=exports)))
     return outs
 

@@ -14,6 +14,7 @@
 extern "C" {
 #endif
 
+/* The RMA v13 table is the GIN v13 layout and takes this config; a proxy backend keeps no signals or counters of its own (NCCL allocates them). */
 typedef struct {
   int nSignals;
   int nCounters;

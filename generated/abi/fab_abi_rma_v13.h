@@ -2,7 +2,6 @@
 /*
  * NCCL RMA v13: ncclRma_v13_t, looked up as "ncclRmaPlugin_v13".
  * NCCL releases: 2.30.3 – (the GIN v13 layout; NCCL requires netDeviceType GIN_PROXY).
- * Status: layout-checked; not exported until its transport exists.
  */
 #ifndef FAB_GENERATED_FAB_ABI_RMA_V13_H
 #define FAB_GENERATED_FAB_ABI_RMA_V13_H

@@ -2,7 +2,6 @@
 /*
  * NCCL RMA v14: ncclRma_v14_t, looked up as "ncclRmaPlugin_v14".
  * NCCL releases: 2.30.7 –.
- * Status: layout-checked; not exported until its transport exists.
  */
 #ifndef FAB_GENERATED_FAB_ABI_RMA_V14_H
 #define FAB_GENERATED_FAB_ABI_RMA_V14_H

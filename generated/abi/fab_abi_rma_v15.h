@@ -2,7 +2,6 @@
 /*
  * NCCL RMA v15: ncclRma_v15_t, looked up as "ncclRmaPlugin_v15".
  * NCCL releases: 2.31 – (inferred from aws-ofi-nccl).
- * Status: layout-checked; not exported until its transport exists.
  */
 #ifndef FAB_GENERATED_FAB_ABI_RMA_V15_H
 #define FAB_GENERATED_FAB_ABI_RMA_V15_H

@@ -2,7 +2,6 @@
 /*
  * NCCL RMA v16: ncclRma_v16_t, looked up as "ncclRmaPlugin_v16".
  * NCCL releases: 2.32.3 –.
- * Status: layout-checked; not exported until its transport exists.
  */
 #ifndef FAB_GENERATED_FAB_ABI_RMA_V16_H
 #define FAB_GENERATED_FAB_ABI_RMA_V16_H

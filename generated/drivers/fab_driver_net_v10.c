@@ -132,7 +132,8 @@ static fab_result drv_test(void* request, int* done, int* sizes) {
   return (fab_result)tbl->test(request, done, sizes);
 }
 
-int fab_driver_bind_net_v10(const void* table, fab_api* api) {
+int fab_driver_bind_net_v10(const void* table, void* out) {
+  fab_api* api = out;
   if (table == NULL || api == NULL) return -1;
   tbl = (const ncclNet_v10_t*)table;
   memset(api, 0, sizeof *api);

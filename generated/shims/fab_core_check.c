@@ -3,7 +3,7 @@
  * The core API as abi/core.toml describes it must be the core API of
  * core/fab_core.h and core/fab_api.h: every function signature, every
  * struct field the conversions touch, every constant the shims use, and every
- * fab_api member. A mismatch fails the build here, not at run time.
+ * member of the fab_api tables. A mismatch fails the build here, not at run time.
  */
 #include "fab_core.h"
 #include "fab_api.h"
@@ -56,6 +56,14 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_properties*)0)->rail_id), int16_t)
                "abi/core.toml: fab_properties.rail_id is not int16_t");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_properties*)0)->plane_id), int16_t),
                "abi/core.toml: fab_properties.plane_id is not int16_t");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_config*)0)->n_contexts), int),
+               "abi/core.toml: fab_rma_config.n_contexts is not int");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_config*)0)->traffic_class), int),
+               "abi/core.toml: fab_rma_config.traffic_class is not int");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_config*)0)->rank_stride), int),
+               "abi/core.toml: fab_rma_config.rank_stride is not int");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_properties*)0)->flushes_all_puts_on_any_signal), bool),
+               "abi/core.toml: fab_rma_properties.flushes_all_puts_on_any_signal is not bool");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_comm_config*)0)->traffic_class), int),
                "abi/core.toml: fab_comm_config.traffic_class is not int");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_comm_attr*)0)->max_concurrent_peers), int32_t),
@@ -117,6 +125,40 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_iflush), fab_result (*)(void*, int,
                "abi/core.toml: fab_iflush differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_test), fab_result (*)(void*, int*, int*)),
                "abi/core.toml: fab_test differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_init), fab_result (*)(fab_ctx**, uint64_t, fab_logger_fn)),
+               "abi/core.toml: fab_rma_init differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_get_properties), fab_result (*)(int, fab_properties*)),
+               "abi/core.toml: fab_rma_get_properties differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_connect), fab_result (*)(fab_ctx*, void**, int, int, void*, void**)),
+               "abi/core.toml: fab_coll_connect differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_rma_properties), fab_result (*)(void*, fab_rma_properties*)),
+               "abi/core.toml: fab_coll_rma_properties differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_create_context), fab_result (*)(void*, const fab_rma_config*, void**, void**)),
+               "abi/core.toml: fab_rma_create_context differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_destroy_context), fab_result (*)(void*)),
+               "abi/core.toml: fab_rma_destroy_context differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_close_coll), fab_result (*)(void*)),
+               "abi/core.toml: fab_close_coll differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_reg_mr_sym), fab_result (*)(void*, void*, size_t, int, uint64_t, void**, void**)),
+               "abi/core.toml: fab_reg_mr_sym differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_reg_mr_sym_dmabuf), fab_result (*)(void*, void*, size_t, int, uint64_t, int, uint64_t, void**, void**)),
+               "abi/core.toml: fab_reg_mr_sym_dmabuf differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_dereg_mr_sym), fab_result (*)(void*, void*)),
+               "abi/core.toml: fab_dereg_mr_sym differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_iput), fab_result (*)(void*, int, uint64_t, void*, size_t, uint64_t, void*, uint32_t, uint32_t, void**)),
+               "abi/core.toml: fab_rma_iput differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_iput_signal), fab_result (*)(void*, int, uint64_t, void*, size_t, uint64_t, void*, uint32_t, uint64_t, void*, uint64_t, uint32_t, bool, uint32_t, void**)),
+               "abi/core.toml: fab_rma_iput_signal differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_iget), fab_result (*)(void*, int, uint64_t, void*, size_t, uint64_t, void*, uint32_t, uint32_t, void**)),
+               "abi/core.toml: fab_rma_iget differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_iflush), fab_result (*)(void*, int, void*, uint32_t, void**)),
+               "abi/core.toml: fab_rma_iflush differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_test), fab_result (*)(void*, void*, int*)),
+               "abi/core.toml: fab_rma_test differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_progress), fab_result (*)(void*)),
+               "abi/core.toml: fab_rma_progress differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_query_last_error), fab_result (*)(void*, bool*)),
+               "abi/core.toml: fab_rma_query_last_error differs from fab_core.h");
 
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_api*)0)->init), __typeof__(&fab_init)),
                "fab_api.init does not have the signature of fab_init");
@@ -156,3 +198,45 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_api*)0)->iflush), __typeof__(&fab_
                "fab_api.iflush does not have the signature of fab_iflush");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_api*)0)->test), __typeof__(&fab_test)),
                "fab_api.test does not have the signature of fab_test");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->init), __typeof__(&fab_rma_init)),
+               "fab_rma_api.init does not have the signature of fab_rma_init");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->finalize), __typeof__(&fab_finalize)),
+               "fab_rma_api.finalize does not have the signature of fab_finalize");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->devices), __typeof__(&fab_devices)),
+               "fab_rma_api.devices does not have the signature of fab_devices");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->get_properties), __typeof__(&fab_rma_get_properties)),
+               "fab_rma_api.get_properties does not have the signature of fab_rma_get_properties");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->get_rma_properties), __typeof__(&fab_coll_rma_properties)),
+               "fab_rma_api.get_rma_properties does not have the signature of fab_coll_rma_properties");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->listen), __typeof__(&fab_listen)),
+               "fab_rma_api.listen does not have the signature of fab_listen");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->connect), __typeof__(&fab_coll_connect)),
+               "fab_rma_api.connect does not have the signature of fab_coll_connect");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->create_context), __typeof__(&fab_rma_create_context)),
+               "fab_rma_api.create_context does not have the signature of fab_rma_create_context");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->reg_mr_sym), __typeof__(&fab_reg_mr_sym)),
+               "fab_rma_api.reg_mr_sym does not have the signature of fab_reg_mr_sym");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->reg_mr_sym_dmabuf), __typeof__(&fab_reg_mr_sym_dmabuf)),
+               "fab_rma_api.reg_mr_sym_dmabuf does not have the signature of fab_reg_mr_sym_dmabuf");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->dereg_mr_sym), __typeof__(&fab_dereg_mr_sym)),
+               "fab_rma_api.dereg_mr_sym does not have the signature of fab_dereg_mr_sym");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->destroy_context), __typeof__(&fab_rma_destroy_context)),
+               "fab_rma_api.destroy_context does not have the signature of fab_rma_destroy_context");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->close_coll), __typeof__(&fab_close_coll)),
+               "fab_rma_api.close_coll does not have the signature of fab_close_coll");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->close_listen), __typeof__(&fab_close_listen)),
+               "fab_rma_api.close_listen does not have the signature of fab_close_listen");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->iput), __typeof__(&fab_rma_iput)),
+               "fab_rma_api.iput does not have the signature of fab_rma_iput");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->iput_signal), __typeof__(&fab_rma_iput_signal)),
+               "fab_rma_api.iput_signal does not have the signature of fab_rma_iput_signal");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->iget), __typeof__(&fab_rma_iget)),
+               "fab_rma_api.iget does not have the signature of fab_rma_iget");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->iflush), __typeof__(&fab_rma_iflush)),
+               "fab_rma_api.iflush does not have the signature of fab_rma_iflush");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->test), __typeof__(&fab_rma_test)),
+               "fab_rma_api.test does not have the signature of fab_rma_test");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->progress), __typeof__(&fab_rma_progress)),
+               "fab_rma_api.progress does not have the signature of fab_rma_progress");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->query_last_error), __typeof__(&fab_rma_query_last_error)),
+               "fab_rma_api.query_last_error does not have the signature of fab_rma_query_last_error");

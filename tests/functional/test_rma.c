@@ -1,0 +1,360 @@
+/*
+ * One-sided operations through NCCL's RMA tables, in N processes:
+ *   fabric-rma --ranks N [--max-size BYTES]
+ * with FI_PROVIDER, FABRIC_TRANSPORT=rdma and FABRIC_TEST_RMA_API (13..16 or
+ * core) from the environment. Phases:
+ *  - transfer: put-with-signal of 0 B .. max-size at odd offsets to every
+ *    rank (itself included); each target checks every byte at the moment
+ *    the signal becomes visible (a signal before its data fails here);
+ *  - get: every rank reads every rank's region and checks it;
+ *  - strong: 200 puts and then a signal-only put (size 0, NULL handles): the
+ *    signal is visible only once all 200 are in;
+ *  - burst: 300 signal-only puts per peer held at once (more than a signal
+ *    ring holds: slots come back while they wait);
+ *  - flush: iflush after puts completes only once they have;
+ *  - errors (rank 0): windows, ranks, contexts, handles, signal arguments,
+ *    a deregistered window, a bogus request: each an error and one WARN;
+ *  - teardown and init again in the same process.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rma_ranks.h"
+
+enum { NCTX = 2, STRONG_PUTS = 200, BURST = 300, CHUNK = 4096, TIMEOUT_MS = 60000 };
+
+static size_t max_size = 64u << 20;
+
+typedef struct grp {
+  fab_ctx* ctx;
+  void* coll;
+  void* rctx;
+  size_t region;    /* per source rank, in the data window */
+  unsigned char* data; /* nranks regions: rank s writes into region s */
+  unsigned char* src;  /* one region: what this rank sends, and where gets land */
+  uint64_t* sig;    /* nranks * NCTX words */
+  void *data_mh, *src_mh, *sig_mh;
+} grp;
+
+static inline unsigned char pat(size_t k, unsigned seed) { return (unsigned char)(k * 131u + seed * 7u + (k >> 9)); }
+
+static void fill(unsigned char* p, size_t n, unsigned seed) {
+  for (size_t k = 0; k < n; k++) p[k] = pat(k, seed);
+}
+
+static void check_bytes(rr_ctx* c, const unsigned char* p, size_t n, unsigned seed, const char* what) {
+  for (size_t k = 0; k < n; k++)
+    if (p[k] != pat(k, seed))
+      RR_FAIL("%s: byte %zu of %zu is %u, want %u", what, k, n, p[k], pat(k, seed));
+}
+
+static void wait_req(rr_ctx* c, grp* g, void* req, const char* what) {
+  int64_t deadline = rr_now_ms() + TIMEOUT_MS;
+  int done = 0;
+  while (!done) {
+    RR_OK(c->api.test(g->coll, req, &done));
+    if (!done && rr_now_ms() > deadline) RR_FAIL("%s: request not done after %d ms", what, TIMEOUT_MS);
+  }
+}
+
+static uint64_t load_sig(const uint64_t* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
+
+/* Drives progress until *w reaches want; fails if it overshoots. */
+static void wait_sig(rr_ctx* c, grp* g, const uint64_t* w, uint64_t want, const char* what) {
+  int64_t deadline = rr_now_ms() + TIMEOUT_MS;
+  uint64_t v;
+  while ((v = load_sig(w)) != want) {
+    RR_CHECK(v < want, "%s: signal is %llu, past %llu", what, (unsigned long long)v, (unsigned long long)want);
+    if (c->api.progress) RR_OK(c->api.progress(g->rctx));
+    if (rr_now_ms() > deadline) RR_FAIL("%s: signal %llu, want %llu after %d ms", what, (unsigned long long)v,
+                                        (unsigned long long)want, TIMEOUT_MS);
+  }
+}
+
+static rr_ctx* idle_c;
+static void idle(void* arg) {
+  grp* g = arg;
+  if (idle_c->api.progress) idle_c->api.progress(g->rctx);
+}
+
+static void setup(rr_ctx* c, grp* g, size_t region) {
+  memset(g, 0, sizeof *g);
+  rr_phase(c, "init");
+  RR_OK(c->api.init(&g->ctx, 0x5eed, rr_logger));
+  int ndev = 0;
+  RR_OK(c->api.devices(&ndev));
+  RR_CHECK(ndev > 0, "no devices");
+  fab_properties props;
+  RR_OK(c->api.get_properties(0, &props));
+  RR_CHECK(props.net_device_type == FAB_NET_DEVICE_GIN_PROXY, "netDeviceType %d", props.net_device_type);
+  void* listen = NULL;
+  RR_OK(c->api.listen(g->ctx, 0, rr_handle(c->rank), &listen));
+  rr_barrier(c, "listen");
+  void* handles[RR_MAX_RANKS];
+  for (int r = 0; r < c->nranks; r++) handles[r] = rr_handle(r);
+  rr_phase(c, "connect");
+  RR_OK(c->api.connect(g->ctx, handles, c->nranks, c->rank, listen, &g->coll));
+  RR_OK(c->api.close_listen(listen));
+  if (c->api.get_rma_properties) {
+    fab_rma_properties rp = {.flushes_all_puts_on_any_signal = true};
+    RR_OK(c->api.get_rma_properties(g->coll, &rp));
+    RR_CHECK(!rp.flushes_all_puts_on_any_signal, "a signal orders its own source's puts only");
+  }
+  fab_rma_config cfg = {.n_contexts = NCTX, .traffic_class = INT_MIN, .rank_stride = 1};
+  void* dev_handle = (void*)1;
+  RR_OK(c->api.create_context(g->coll, &cfg, &g->rctx, &dev_handle));
+  if (c->version == 13 || c->version == 0) /* the GIN v13 layout has one */
+    RR_CHECK(dev_handle == NULL, "a proxy backend has no device handle");
+  g->region = region;
+  g->data = aligned_alloc(4096, region * (size_t)c->nranks);
+  g->src = aligned_alloc(4096, region);
+  g->sig = aligned_alloc(4096, 4096);
+  RR_CHECK(g->data && g->src && g->sig, "out of memory");
+  idle_c = c;
+  rr_set_idle(idle, g);
+  memset(g->data, 0, region * (size_t)c->nranks);
+  memset(g->sig, 0, 4096);
+  rr_phase(c, "regMrSym");
+  RR_OK(c->api.reg_mr_sym(g->coll, g->data, region * (size_t)c->nranks, FAB_PTR_HOST, 0, &g->data_mh, NULL));
+  RR_OK(c->api.reg_mr_sym(g->coll, g->src, region, FAB_PTR_HOST, 0, &g->src_mh, NULL));
+  RR_OK(c->api.reg_mr_sym(g->coll, g->sig, (size_t)c->nranks * NCTX * 8, FAB_PTR_HOST, 0, &g->sig_mh, NULL));
+  rr_barrier(c, "setup");
+}
+
+static void teardown(rr_ctx* c, grp* g) {
+  rr_phase(c, "teardown");
+  rr_set_idle(NULL, NULL);
+  RR_OK(c->api.destroy_context(g->rctx));
+  RR_OK(c->api.dereg_mr_sym(g->coll, g->data_mh));
+  RR_OK(c->api.dereg_mr_sym(g->coll, g->src_mh));
+  RR_OK(c->api.dereg_mr_sym(g->coll, g->sig_mh));
+  rr_barrier(c, "deregistered");
+  RR_OK(c->api.close_coll(g->coll));
+  RR_OK(c->api.finalize(g->ctx));
+  free(g->data);
+  free(g->src);
+  free(g->sig);
+}
+
+static uint64_t* sig_word(rr_ctx* c, grp* g, int src, int ctx) { return &g->sig[src + ctx * c->nranks]; }
+static uint64_t sig_off(rr_ctx* c, int src, int ctx) { return (uint64_t)(src + ctx * c->nranks) * 8; }
+
+/* --- transfer: put with signal, checked when the signal shows ------------------------------ */
+
+static void transfer(rr_ctx* c, grp* g) {
+  static const size_t sizes[] = {0, 1, 7, 8, 63, 4095, 4096, 4097, 65539, (1u << 20) + 5, (16u << 20) + 1,
+                                 64u << 20};
+  uint64_t expect[RR_MAX_RANKS * NCTX] = {0};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    size_t size = sizes[i];
+    if (size + 64 > g->region) break;
+    uint64_t src_off = 3 + i, dst_off = 5 + 2 * i;
+    int ctx = (int)(i % NCTX);
+    for (int k = 0; k < c->nranks; k++) {
+      int d = (c->rank + k) % c->nranks;
+      rr_phase(c, "transfer %zu B to rank %d", size, d);
+      fill(g->src + src_off, size, (unsigned)(c->rank * 97 + d * 13 + i));
+      void* req = NULL;
+      RR_OK(c->api.iput_signal(g->rctx, ctx, src_off, size ? g->src_mh : NULL, size,
+                               (uint64_t)c->rank * g->region + dst_off, size ? g->data_mh : NULL, (uint32_t)d,
+                               sig_off(c, c->rank, ctx), g->sig_mh, i + 1, FAB_SIGNAL_ADD, true, 0, &req));
+      RR_CHECK(req != NULL, "a put never answers NULL");
+      wait_req(c, g, req, "put with signal");
+    }
+    for (int s = 0; s < c->nranks; s++) {
+      rr_phase(c, "transfer %zu B from rank %d", size, s);
+      uint64_t* w = sig_word(c, g, s, ctx);
+      expect[s + ctx * c->nranks] += i + 1;
+      wait_sig(c, g, w, expect[s + ctx * c->nranks], "transfer signal");
+      check_bytes(c, g->data + (size_t)s * g->region + dst_off, size, (unsigned)(s * 97 + c->rank * 13 + i),
+                  "data seen when its signal showed");
+    }
+    rr_barrier(c, "transfer size");
+  }
+}
+
+/* --- get ------------------------------------------------------------------------------ */
+
+static void get(rr_ctx* c, grp* g) {
+  size_t size = g->region / 2 + 3;
+  fill(g->data + (size_t)c->rank * g->region + 1, size, 500u + (unsigned)c->rank);
+  rr_barrier(c, "get filled");
+  for (int k = 0; k < c->nranks; k++) {
+    int p = (c->rank + k) % c->nranks;
+    rr_phase(c, "get %zu B from rank %d", size, p);
+    memset(g->src, 0, g->region);
+    void* req = NULL;
+    RR_OK(c->api.iget(g->rctx, 1, (uint64_t)p * g->region + 1, g->data_mh, size, 7, g->src_mh, (uint32_t)p, 0, &req));
+    RR_CHECK(req != NULL, "a get never answers NULL");
+    wait_req(c, g, req, "get");
+    check_bytes(c, g->src + 7, size, 500u + (unsigned)p, "data read");
+  }
+  rr_barrier(c, "get");
+}
+
+/* --- strong: a signal after many puts ----------------------------------------------------- */
+
+static void strong(rr_ctx* c, grp* g) {
+  static void* reqs[STRONG_PUTS + 1];
+  RR_CHECK((size_t)STRONG_PUTS * CHUNK <= g->region, "region too small");
+  int ctx = 1;
+  uint64_t base[RR_MAX_RANKS];
+  for (int s = 0; s < c->nranks; s++) base[s] = load_sig(sig_word(c, g, s, ctx));
+  rr_barrier(c, "strong start");
+  for (int k = 1; k < c->nranks; k++) {
+    int d = (c->rank + k) % c->nranks;
+    rr_phase(c, "strong: %d puts and a signal to rank %d", STRONG_PUTS, d);
+    fill(g->src, (size_t)STRONG_PUTS * CHUNK, 900u + (unsigned)(c->rank * 7 + d));
+    for (int j = 0; j < STRONG_PUTS; j++)
+      RR_OK(c->api.iput(g->rctx, j % NCTX, (uint64_t)j * CHUNK, g->src_mh, CHUNK,
+                        (uint64_t)c->rank * g->region + (uint64_t)j * CHUNK, g->data_mh, (uint32_t)d, 0, &reqs[j]));
+    RR_OK(c->api.iput_signal(g->rctx, ctx, 0, NULL, 0, 0, NULL, (uint32_t)d, sig_off(c, c->rank, ctx), g->sig_mh, 1,
+                             FAB_SIGNAL_INC, true, 0, &reqs[STRONG_PUTS]));
+    for (int j = 0; j <= STRONG_PUTS; j++) wait_req(c, g, reqs[j], "strong");
+  }
+  for (int k = 1; k < c->nranks; k++) {
+    int s = (c->rank + c->nranks - k) % c->nranks;
+    rr_phase(c, "strong: signal from rank %d", s);
+    uint64_t* w = sig_word(c, g, s, ctx);
+    wait_sig(c, g, w, base[s] + 1, "strong signal");
+    check_bytes(c, g->data + (size_t)s * g->region, (size_t)STRONG_PUTS * CHUNK, 900u + (unsigned)(s * 7 + c->rank),
+                "puts seen when the signal after them showed");
+  }
+  rr_barrier(c, "strong");
+}
+
+/* --- burst: more signals in flight than a ring holds ----------------------------------------- */
+
+static void burst(rr_ctx* c, grp* g) {
+  static void* reqs[BURST];
+  uint64_t base[RR_MAX_RANKS];
+  for (int s = 0; s < c->nranks; s++) base[s] = load_sig(sig_word(c, g, s, 0));
+  rr_barrier(c, "burst start");
+  for (int k = 1; k < c->nranks; k++) {
+    int d = (c->rank + k) % c->nranks;
+    rr_phase(c, "burst: %d signals to rank %d", BURST, d);
+    for (int j = 0; j < BURST; j++)
+      RR_OK(c->api.iput_signal(g->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)d, sig_off(c, c->rank, 0), g->sig_mh, 1,
+                               FAB_SIGNAL_INC, j % 2 == 0, 0, &reqs[j]));
+    for (int j = 0; j < BURST; j++) wait_req(c, g, reqs[j], "burst");
+  }
+  for (int k = 1; k < c->nranks; k++) {
+    int s = (c->rank + c->nranks - k) % c->nranks;
+    rr_phase(c, "burst: signals from rank %d", s);
+    wait_sig(c, g, sig_word(c, g, s, 0), base[s] + BURST, "burst signal");
+  }
+  rr_barrier(c, "burst");
+}
+
+/* --- flush -------------------------------------------------------------------------------- */
+
+static void flush(rr_ctx* c, grp* g) {
+  if (c->nranks < 2) return;
+  int d = (c->rank + 1) % c->nranks;
+  void* reqs[16];
+  rr_phase(c, "flush to rank %d", d);
+  for (int j = 0; j < 16; j++)
+    RR_OK(c->api.iput(g->rctx, 0, 0, g->src_mh, 65536, (uint64_t)c->rank * g->region, g->data_mh, (uint32_t)d, 0,
+                      &reqs[j]));
+  void* fr = NULL;
+  RR_OK(c->api.iflush(g->rctx, 0, g->data_mh, (uint32_t)d, &fr));
+  if (fr) wait_req(c, g, fr, "flush");
+  for (int j = 0; j < 16; j++) {
+    int done = 0;
+    RR_OK(c->api.test(g->coll, reqs[j], &done));
+    RR_CHECK(done, "put %d not complete after its flush", j);
+  }
+  void* none = (void*)1;
+  RR_OK(c->api.iflush(g->rctx, 0, g->data_mh, (uint32_t)c->rank, &none));
+  RR_CHECK(none == NULL, "a flush of our own rank has nothing to wait for");
+  rr_barrier(c, "flush");
+}
+
+/* --- errors ------------------------------------------------------------------------------- */
+
+#define EXPECT_ERR(call, what)                                                                 \
+  do {                                                                                         \
+    int w0 = rr_warns();                                                                       \
+    rr_expect_warns(1);                                                                        \
+    fab_result rc_ = (call);                                                                   \
+    RR_CHECK(rc_ != FAB_OK, "%s was accepted", what);                                          \
+    RR_CHECK(rr_warns() == w0 + 1, "%s: %d WARN lines, want 1", what, rr_warns() - w0);        \
+  } while (0)
+
+static void errors(rr_ctx* c, grp* g) {
+  void* tmp_mh = NULL;
+  unsigned char* tmp = aligned_alloc(4096, 4096);
+  RR_CHECK(tmp, "out of memory");
+  RR_OK(c->api.reg_mr_sym(g->coll, tmp, 4096, FAB_PTR_HOST, 0, &tmp_mh, NULL));
+  RR_OK(c->api.dereg_mr_sym(g->coll, tmp_mh));
+  rr_barrier(c, "errors: deregistered");
+  if (c->rank == 0) {
+    uint32_t d = c->nranks > 1 ? 1 : 0;
+    void* req = NULL;
+    size_t win = g->region * (size_t)c->nranks;
+    rr_phase(c, "errors");
+    EXPECT_ERR(c->api.iput(g->rctx, 0, 0, g->src_mh, 16, win - 8, g->data_mh, d, 0, &req), "a put past the window");
+    RR_CHECK(req == NULL, "no request for a refused put");
+    EXPECT_ERR(c->api.iput(g->rctx, 0, g->region - 8, g->src_mh, 16, 0, g->data_mh, d, 0, &req),
+               "a put from past the source window");
+    EXPECT_ERR(c->api.iput(g->rctx, 0, 0, g->src_mh, 16, UINT64_MAX - 4, g->data_mh, d, 0, &req),
+               "a put at an offset that wraps");
+    EXPECT_ERR(c->api.iput(g->rctx, 0, 0, g->src_mh, 16, 0, g->data_mh, (uint32_t)c->nranks, 0, &req),
+               "a put to a rank out of range");
+    EXPECT_ERR(c->api.iput(g->rctx, NCTX, 0, g->src_mh, 16, 0, g->data_mh, d, 0, &req), "a context out of range");
+    EXPECT_ERR(c->api.iput(g->rctx, 0, 0, (void*)0x1234, 16, 0, g->data_mh, d, 0, &req), "a made-up handle");
+    EXPECT_ERR(c->api.iput(g->rctx, 0, 0, tmp_mh, 16, 0, g->data_mh, d, 0, &req), "a deregistered handle");
+    EXPECT_ERR(c->api.iget(g->rctx, 0, win, g->data_mh, 1, 0, g->src_mh, d, 0, &req), "a get past the window");
+    EXPECT_ERR(c->api.iput_signal(g->rctx, 0, 0, NULL, 0, 0, NULL, d, 4, g->sig_mh, 1, FAB_SIGNAL_ADD, true, 0, &req),
+               "a signal offset that is not a multiple of 8");
+    EXPECT_ERR(c->api.iput_signal(g->rctx, 0, 0, NULL, 0, 0, NULL, d, (uint64_t)c->nranks * NCTX * 8, g->sig_mh, 1,
+                                  FAB_SIGNAL_ADD, true, 0, &req),
+               "a signal past its window");
+    EXPECT_ERR(c->api.iput_signal(g->rctx, 0, 0, NULL, 0, 0, NULL, d, 0, g->sig_mh, 1, 7, true, 0, &req),
+               "an unknown signal operation");
+    int done = 0;
+    EXPECT_ERR(c->api.test(g->coll, (void*)&done, &done), "testing something that is not a request");
+    EXPECT_ERR(c->api.iput(g->coll, 0, 0, g->src_mh, 16, 0, g->data_mh, d, 0, &req), "a comm passed as a context");
+    EXPECT_ERR(c->api.dereg_mr_sym(g->coll, tmp_mh), "deregistering twice");
+  }
+  free(tmp);
+  rr_barrier(c, "errors");
+}
+
+static void body(rr_ctx* c) {
+  size_t region = max_size + 4096;
+  grp g;
+  setup(c, &g, region);
+  transfer(c, &g);
+  get(c, &g);
+  strong(c, &g);
+  burst(c, &g);
+  flush(c, &g);
+  errors(c, &g);
+  teardown(c, &g);
+  rr_barrier(c, "closed");
+  /* init again in the same process: a fresh group works */
+  setup(c, &g, 1u << 20);
+  transfer(c, &g);
+  teardown(c, &g);
+  RR_CHECK(rr_warns() == 0 || c->rank == 0, "rank %d logged %d unexpected WARN lines (last: %s)", c->rank, rr_warns(),
+           rr_last_warn());
+}
+
+int main(int argc, char** argv) {
+  int nranks = 2;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--ranks") == 0) nranks = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--max-size") == 0) max_size = strtoull(argv[i + 1], NULL, 0);
+    else {
+      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES]\n", argv[0]);
+      return 2;
+    }
+  }
+  int rc = rr_run(nranks, 280, body);
+  printf("%s: %d ranks, through %s: %s\n", argv[0], nranks,
+         getenv("FABRIC_TEST_RMA_API") ? getenv("FABRIC_TEST_RMA_API") : "16", rc ? "FAILED" : "passed");
+  return rc;
+}

@@ -1,0 +1,207 @@
+/*
+ * The target side of one-sided groups (core/fab_coll_ops.c) against forged
+ * input, in one process: what lands is handed to fab_coll_target_landed as
+ * the rdma transport would, in any order a provider may deliver it.
+ *  - a signal applies only once every put its source sent before it has
+ *    landed, whatever order the completions come in (the providers on this
+ *    machine deliver in order, so the two-process tests cannot see this);
+ *  - records apply in their source's order, each once;
+ *  - a record or acknowledgement a peer could forge (bad checksum, another
+ *    group's token, a slot it does not own, a window not registered, an
+ *    offset outside it, an unknown operation, an acknowledgement of signals
+ *    never sent) fails the group with one WARN and writes nothing.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_coll.h"
+#include "fab_log.h"
+#include "unit_util.h"
+
+enum { TOKEN = 0x5a5a1234 };
+
+typedef struct fixture {
+  fab_coll g;
+  fab_coll_peer peers[2];
+  fab_comm* rc;
+  fab_coll_win win;
+  fab_coll_win* wins[1];
+  uint64_t words[8];
+  fab_coll_sig ring[FAB_COLL_RING + 2];
+} fixture;
+
+static fixture* fx;
+
+static void setup(void) {
+  fab_log_set_logger(ut_logger);
+  ut_reset_warns();
+  fx = calloc(1, sizeof(*fx));
+  fx->rc = calloc(1, sizeof(fab_comm));
+  fab_coll* g = &fx->g;
+  g->nranks = 2;
+  g->rank = 0;
+  g->peers = fx->peers;
+  g->wins = fx->wins;
+  g->nwins = 1;
+  fx->win = (fab_coll_win){.id = 0, .coll = g, .base = (uintptr_t)fx->words, .len = sizeof fx->words};
+  fx->wins[0] = &fx->win;
+  fab_coll_peer* p = &fx->peers[1];
+  p->coll = g;
+  p->rank = 1;
+  p->token = TOKEN;
+  p->ring_mem = fx->ring;
+  fx->rc->onesided_arg = p;
+}
+
+static void teardown(void) {
+  free(fx->rc);
+  free(fx);
+}
+
+TestSuite(coll, .init = setup, .fini = teardown);
+
+/* The peer writes record seq into its slot (what its RDMA write places). */
+static void place(uint32_t seq, uint64_t puts_before, uint64_t offset, uint64_t value, uint32_t op) {
+  fab_coll_sig s = {.puts_before = puts_before, .offset = offset, .value = value, .seq = seq, .window = 0,
+                    .op = op, .token = TOKEN};
+  s.check = fab_coll_sig_check(&s);
+  fx->ring[seq % FAB_COLL_RING] = s;
+}
+
+static void landed(unsigned kind, uint32_t value) { fab_coll_target_landed(fx->rc, fab_coll_cq_low(kind, value)); }
+
+Test(coll, signal_waits_for_the_puts_before_it) {
+  place(0, 2, 8, 5, FAB_SIGNAL_ADD);
+  landed(FAB_COLL_SIGNAL, 0); /* the record overtook both puts */
+  cr_expect_eq(fx->words[1], 0, "applied before its puts landed");
+  landed(FAB_COLL_PUT, 0);
+  cr_expect_eq(fx->words[1], 0, "applied with one of its two puts missing");
+  landed(FAB_COLL_PUT, 0);
+  cr_expect_eq(fx->words[1], 5);
+  cr_expect_eq(atomic_load(&fx->peers[1].sig_applied), 1);
+  cr_expect_eq(ut_warns(), 0);
+  cr_expect_eq(atomic_load(&fx->g.failed), 0);
+}
+
+Test(coll, records_apply_in_order_once) {
+  place(0, 0, 0, 1, FAB_SIGNAL_INC);
+  place(1, 1, 0, 10, FAB_SIGNAL_ADD);
+  place(2, 1, 16, 3, FAB_SIGNAL_ADD);
+  landed(FAB_COLL_SIGNAL, 2);
+  landed(FAB_COLL_SIGNAL, 1);
+  cr_expect_eq(fx->words[0] + fx->words[2], 0, "a later record applied before record 0");
+  landed(FAB_COLL_SIGNAL, 0);
+  cr_expect_eq(fx->words[0], 1, "record 0 (INC adds 1 whatever its value)");
+  cr_expect_eq(fx->words[2], 0, "records 1 and 2 follow a put that has not landed");
+  landed(FAB_COLL_PUT, 0);
+  cr_expect_eq(fx->words[0], 11);
+  cr_expect_eq(fx->words[2], 3);
+  landed(FAB_COLL_PUT, 0); /* a put with no signal after it changes nothing */
+  cr_expect_eq(fx->words[0], 11);
+  cr_expect_eq(atomic_load(&fx->peers[1].sig_applied), 3);
+  cr_expect_eq(ut_warns(), 0);
+}
+
+Test(coll, ring_wraps) {
+  for (uint32_t seq = 0; seq < 3 * FAB_COLL_RING; seq++) {
+    place(seq, 0, 24, 2, FAB_SIGNAL_ADD);
+    landed(FAB_COLL_SIGNAL, seq % FAB_COLL_RING);
+  }
+  cr_expect_eq(fx->words[3], 6 * FAB_COLL_RING);
+  cr_expect_eq(ut_warns(), 0);
+}
+
+static void expect_refused(const char* what) {
+  cr_expect_neq(atomic_load(&fx->g.failed), 0, "%s: the group did not fail", what);
+  cr_expect_eq(ut_warns(), 1, "%s: %d WARN lines, want 1", what, ut_warns());
+  for (size_t i = 0; i < sizeof fx->words / sizeof fx->words[0]; i++)
+    cr_expect_eq(fx->words[i], 0, "%s: word %zu written", what, i);
+}
+
+Test(coll, bad_checksum) {
+  place(0, 0, 0, 1, FAB_SIGNAL_ADD);
+  fx->ring[0].value = 99; /* changed after the check was computed */
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("a record failing its check");
+}
+
+Test(coll, another_groups_token) {
+  place(0, 0, 0, 1, FAB_SIGNAL_ADD);
+  fx->ring[0].token ^= 1;
+  fx->ring[0].check = fab_coll_sig_check(&fx->ring[0]);
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("a record with another group's token");
+}
+
+Test(coll, slot_out_of_range) {
+  landed(FAB_COLL_SIGNAL, FAB_COLL_RING);
+  expect_refused("a slot past the ring");
+}
+
+Test(coll, slot_landed_twice) {
+  place(0, 1, 0, 1, FAB_SIGNAL_ADD); /* waits for a put */
+  landed(FAB_COLL_SIGNAL, 0);
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("a slot written again before it was applied");
+}
+
+Test(coll, window_not_registered) {
+  place(0, 0, 0, 1, FAB_SIGNAL_ADD);
+  fx->ring[0].window = 7;
+  fx->ring[0].check = fab_coll_sig_check(&fx->ring[0]);
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("a window that is not registered");
+}
+
+Test(coll, window_deregistered) {
+  fx->wins[0] = NULL;
+  place(0, 0, 0, 1, FAB_SIGNAL_ADD);
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("a deregistered window");
+}
+
+Test(coll, offset_outside) {
+  place(0, 0, sizeof fx->words - 4, 1, FAB_SIGNAL_ADD);
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("an offset whose word runs past the window");
+}
+
+Test(coll, offset_huge) {
+  place(0, 0, UINT64_MAX - 7, 1, FAB_SIGNAL_ADD);
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("an offset that wraps");
+}
+
+Test(coll, unknown_operation) {
+  place(0, 0, 0, 1, 3);
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("an unknown operation");
+}
+
+Test(coll, acknowledgement_of_signals_never_sent) {
+  landed(FAB_COLL_ACK, FAB_COLL_RING + 1);
+  expect_refused("an acknowledgement past what was sent");
+  cr_expect_eq(atomic_load(&fx->peers[1].sig_acked), 0);
+}
+
+Test(coll, acknowledgement_within_what_was_sent) {
+  atomic_store(&fx->peers[1].sig_seq, 10);
+  landed(FAB_COLL_ACK, 4);
+  cr_expect_eq(atomic_load(&fx->peers[1].sig_acked), 4);
+  landed(FAB_COLL_ACK, 11); /* one more than sent */
+  expect_refused("an acknowledgement of a signal not sent yet");
+}
+
+Test(coll, unknown_kind) {
+  landed(7, 0);
+  expect_refused("a write of an unknown kind");
+}
+
+Test(coll, nothing_after_failure) {
+  landed(FAB_COLL_SIGNAL, FAB_COLL_RING); /* fails the group */
+  place(0, 0, 0, 1, FAB_SIGNAL_ADD);
+  landed(FAB_COLL_SIGNAL, 0);
+  cr_expect_eq(fx->words[0], 0, "a record applied after the group failed");
+  cr_expect_eq(ut_warns(), 1);
+}
