@@ -196,6 +196,12 @@ static fab_result reg_mr_sym(void* coll, void* data, size_t size, int type, uint
   fab_coll* g = fab_coll_get(coll, fn);
   if (!g) return FAB_ERR_INTERNAL;
   if (!data || !size) return fab_bad_argument(fn, "data/size", (long long)size, "a non-empty buffer");
+  if (type != FAB_PTR_HOST) {
+    /* the target's CPU applies signals and own-rank puts copy with memmove: both need host memory */
+    FAB_WARN("%s: memory type %d: one-sided windows are host memory only in this version (signals are applied "
+             "by the target's CPU); register NCCL_PTR_HOST buffers", fn, type);
+    return FAB_ERR_INVALID_USAGE;
+  }
   if (size > (size_t)PTRDIFF_MAX || (uintptr_t)data > UINTPTR_MAX - size)
     return fab_bad_argument(fn, "size", (long long)size, "a range inside the address space");
   fab_coll_win* w = calloc(1, sizeof(*w));

@@ -7,7 +7,7 @@ version of the family renders into a header of its own.
 
 Structs and tables are described once with version ranges and instantiated per
 version on demand; every instance's computed LP64 layout is compared with the
-layout recorded in the spec (taken from nccl-abi.md).
+layout recorded in the spec (taken from NCCL's headers, docs/abi-facts.md).
 """
 
 import os
@@ -424,7 +424,7 @@ class Spec:
                     rec = sf.layout.node.child(r.text)
             if rec is None:
                 raise sf.node.error(f"no recorded layout for {inst.c_name}: add layout.\"{v}\" with its size and "
-                                    "field offsets (from nccl-abi.md)", "layout")
+                                    "field offsets (from NCCL's header of that version)", "layout")
         else:
             rec = sf.layout
         rec.keys({"size", "align", "offsets"}, {"size", "offsets"})
@@ -535,7 +535,7 @@ class Spec:
                 rec = fam.layout.node.child(r.text)
         if rec is None:
             raise fam.layout.node.error(f"no recorded layout for {table.c_name}: add \"{table.version}\" = "
-                                        "{ size = ..., slots = [...] } (from nccl-abi.md)")
+                                        "{ size = ..., slots = [...] } (from NCCL's header of that version)")
         rec.keys({"size", "slots"}, {"size", "slots"})
         want = rec.get("slots", list)
         got = [s.name for s in table.slots]

@@ -1,10 +1,11 @@
 /*
  * Loads the built plugin the way NCCL does (dlopen RTLD_NOW | RTLD_LOCAL,
- * dlsym "ncclNetPlugin_vN") and walks every table it exports: which symbols
- * exist, every slot against what the spec says it must hold, the name string,
- * and the generated driver bound on top. Needs no network: nothing is
- * initialized. The library comes from FABRIC_TEST_PLUGIN, the versions it
- * must export from FABRIC_EXPECTED_NET_VERSIONS (set by the build).
+ * dlsym "ncclNetPlugin_vN", "ncclRmaPlugin_vN") and walks every table it
+ * exports: which symbols exist, every slot against what the spec says it must
+ * hold, the name string, and the generated driver bound on top. Needs no
+ * network: nothing is initialized. The library comes from FABRIC_TEST_PLUGIN,
+ * the versions it must export from FABRIC_EXPECTED_{NET,RMA}_VERSIONS (set by
+ * the build).
  */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
@@ -23,12 +24,19 @@ static void open_plugin(void) {
   cr_assert(lib != NULL, "dlopen(%s): %s", path, dlerror());
 }
 
-static int expected(int version) {
+static int expected_in(const char* versions, int version) {
   char list[256];
-  snprintf(list, sizeof list, ",%s,", FABRIC_EXPECTED_NET_VERSIONS);
+  snprintf(list, sizeof list, ",%s,", versions);
   char item[16];
   snprintf(item, sizeof item, ",%d,", version);
   return strstr(list, item) != NULL;
+}
+
+static int expected_net(int version) { return expected_in(FABRIC_EXPECTED_NET_VERSIONS, version); }
+
+static int expected(const struct fab_driver_info* d) {
+  return expected_in(strcmp(d->family, "rma") == 0 ? FABRIC_EXPECTED_RMA_VERSIONS : FABRIC_EXPECTED_NET_VERSIONS,
+                     d->version);
 }
 
 static int has_slot(const struct fab_driver_info* d, const char* name) {
@@ -47,23 +55,26 @@ Test(abi_loader, exports_exactly_the_configured_tables) {
   for (int i = 0; i < fab_driver_count; i++) {
     const struct fab_driver_info* d = &fab_drivers[i];
     void* table = dlsym(lib, d->symbol);
-    if (expected(d->version)) {
+    if (expected(d)) {
       cr_expect(table != NULL, "%s is configured but not exported", d->symbol);
       found++;
     } else {
-      cr_expect_null(table, "%s is exported but not configured (" FABRIC_EXPECTED_NET_VERSIONS ")", d->symbol);
+      cr_expect_null(table, "%s is exported but not configured (net " FABRIC_EXPECTED_NET_VERSIONS "; rma "
+                     FABRIC_EXPECTED_RMA_VERSIONS ")", d->symbol);
     }
   }
   int wanted = 0;
-  for (int v = 0; v < 100; v++) wanted += expected(v);
+  const char* lists[] = {FABRIC_EXPECTED_NET_VERSIONS, FABRIC_EXPECTED_RMA_VERSIONS};
+  for (int l = 0; l < 2; l++)
+    for (const char* p = lists[l]; *p; p++) wanted += (p == lists[l] || p[-1] == ',') && *p != ',';
   cr_expect_eq(found, wanted, "every configured version needs a generated driver");
 
-  static const char* const never[] = {"ncclGinPlugin_v", "ncclRmaPlugin_v", "ncclCollNetPlugin_v"};
+  static const char* const never[] = {"ncclGinPlugin_v", "ncclCollNetPlugin_v"};
   for (size_t f = 0; f < sizeof never / sizeof never[0]; f++)
     for (int v = 1; v <= 20; v++) {
       char sym[64];
       snprintf(sym, sizeof sym, "%s%d", never[f], v);
-      cr_expect_null(dlsym(lib, sym), "%s must not be exported before its transport exists", sym);
+      cr_expect_null(dlsym(lib, sym), "%s must not be exported: no GIN or collNet table is", sym);
     }
   cr_expect_null(dlsym(lib, "fab_init"), "core symbols stay local");
   cr_expect_null(dlsym(lib, "fab_params_load"), "core symbols stay local");
@@ -72,7 +83,7 @@ Test(abi_loader, exports_exactly_the_configured_tables) {
 Test(abi_loader, every_slot_holds_what_the_spec_says) {
   for (int i = 0; i < fab_driver_count; i++) {
     const struct fab_driver_info* d = &fab_drivers[i];
-    if (!expected(d->version)) continue;
+    if (!expected(d)) continue;
     void* const* slot = dlsym(lib, d->symbol);
     cr_assert(slot != NULL, "%s", d->symbol);
     for (int s = 0; s < d->nslots; s++) {
@@ -96,22 +107,42 @@ Test(abi_loader, every_slot_holds_what_the_spec_says) {
   }
 }
 
+static void check_net_driver(const struct fab_driver_info* d, void* table) {
+  fab_api api;
+  cr_assert_eq(fab_driver_bind(d->symbol, table, &api), 0, "%s", d->symbol);
+  cr_expect_eq(api.version, d->version);
+  cr_expect_str_eq(api.name, "Fabric");
+  cr_expect_eq(api.max_handle_size, 128);
+  cr_expect(api.init && api.finalize && api.devices && api.get_properties && api.listen && api.connect &&
+                api.accept && api.close_send && api.close_recv && api.close_listen && api.reg_mr &&
+                api.reg_mr_dmabuf && api.dereg_mr && api.isend && api.irecv && api.iflush && api.test,
+            "%s: a required fab_api member is NULL", d->symbol);
+  cr_expect_eq(api.make_vdevice != NULL, has_slot(d, "makeVDevice"), "%s: make_vdevice", d->symbol);
+  cr_expect_eq(api.set_net_attr != NULL, has_slot(d, "setNetAttr"), "%s: set_net_attr", d->symbol);
+}
+
+static void check_rma_driver(const struct fab_driver_info* d, void* table) {
+  fab_rma_api api;
+  cr_assert_eq(fab_driver_bind(d->symbol, table, &api), 0, "%s", d->symbol);
+  cr_expect_eq(api.version, d->version);
+  cr_expect_str_eq(api.name, "Fabric");
+  cr_expect_eq(api.max_handle_size, 128);
+  cr_expect(api.init && api.finalize && api.devices && api.get_properties && api.listen && api.connect &&
+                api.create_context && api.reg_mr_sym && api.reg_mr_sym_dmabuf && api.dereg_mr_sym &&
+                api.destroy_context && api.close_coll && api.close_listen && api.iput && api.iput_signal &&
+                api.iget && api.iflush && api.test && api.progress && api.query_last_error,
+            "%s: a required fab_rma_api member is NULL", d->symbol);
+  cr_expect_eq(api.get_rma_properties != NULL, has_slot(d, "getRmaProperties"), "%s: get_rma_properties",
+               d->symbol);
+}
+
 Test(abi_loader, drivers_bind_every_exported_table) {
   for (int i = 0; i < fab_driver_count; i++) {
     const struct fab_driver_info* d = &fab_drivers[i];
-    if (!expected(d->version)) continue;
+    if (!expected(d)) continue;
     void* table = dlsym(lib, d->symbol);
-    fab_api api;
-    cr_assert_eq(fab_driver_bind(d->symbol, table, &api), 0, "%s", d->symbol);
-    cr_expect_eq(api.version, d->version);
-    cr_expect_str_eq(api.name, "Fabric");
-    cr_expect_eq(api.max_handle_size, 128);
-    cr_expect(api.init && api.finalize && api.devices && api.get_properties && api.listen && api.connect &&
-                  api.accept && api.close_send && api.close_recv && api.close_listen && api.reg_mr &&
-                  api.reg_mr_dmabuf && api.dereg_mr && api.isend && api.irecv && api.iflush && api.test,
-              "%s: a required fab_api member is NULL", d->symbol);
-    cr_expect_eq(api.make_vdevice != NULL, has_slot(d, "makeVDevice"), "%s: make_vdevice", d->symbol);
-    cr_expect_eq(api.set_net_attr != NULL, has_slot(d, "setNetAttr"), "%s: set_net_attr", d->symbol);
+    if (strcmp(d->api, "fab_rma_api") == 0) check_rma_driver(d, table);
+    else check_net_driver(d, table);
   }
   fab_api api;
   cr_expect_eq(fab_driver_bind("ncclNetPlugin_v1", lib, &api), -1, "unknown symbols are refused");
@@ -131,7 +162,7 @@ Test(abi_loader, shims_reject_what_does_not_fit) {
   char buf[16];
   void* data[FAB_MAX_RECVS + 1] = {buf};
   int tags[FAB_MAX_RECVS + 1] = {0};
-  if (expected(6)) {
+  if (expected_net(6)) {
     ncclNet_v6_t* v6 = dlsym(lib, "ncclNetPlugin_v6");
     int sizes[FAB_MAX_RECVS + 1] = {-1};
     cr_expect_eq(v6->regMr(NULL, buf, -1, NCCL_PTR_HOST, &mh), ncclInternalError, "v6 regMr: negative size");
@@ -142,7 +173,7 @@ Test(abi_loader, shims_reject_what_does_not_fit) {
                  "v6 irecv: n above FAB_MAX_RECVS");
     cr_expect_eq(v6->irecv(NULL, -1, data, sizes, tags, NULL, &req), ncclInternalError, "v6 irecv: negative n");
   }
-  if (expected(9)) {
+  if (expected_net(9)) {
     ncclNet_v9_t* v9 = dlsym(lib, "ncclNetPlugin_v9");
     ncclNetVDeviceProps_v9_t props = {.ndevs = 5};
     int dev = -1;
@@ -150,7 +181,7 @@ Test(abi_loader, shims_reject_what_does_not_fit) {
     props.ndevs = -1;
     cr_expect_eq(v9->makeVDevice(&dev, &props), ncclInternalError, "v9 makeVDevice: negative ndevs");
   }
-  if (expected(12)) {
+  if (expected_net(12)) {
     ncclNet_v12_t* v12 = dlsym(lib, "ncclNetPlugin_v12");
     ncclNetVDeviceProps_v12_t props = {.ndevs = 9};
     int dev = -1;
