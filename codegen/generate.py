@@ -3,6 +3,10 @@
 
     python3 codegen/generate.py            # refresh generated/ and docs/
     python3 codegen/generate.py --check    # fail if anything is stale
+    python3 codegen/generate.py --check-upstream <nccl>/src/include/plugin
+                                           # compare the specs with NCCL's headers
+    python3 codegen/generate.py --import <nccl>/src/include/plugin --family rma --version 17
+                                           # draft the spec delta for a new version
 
 Inputs: abi/*.toml (the ABI specs), core/params.toml (environment parameters),
 templates/*.j2. Outputs: generated/ and docs/{abi-matrix,params}.md. Every
@@ -18,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from fabgen import params as params_mod  # noqa: E402
 from fabgen import render  # noqa: E402
+from fabgen import upstream  # noqa: E402
 from fabgen.model import Spec  # noqa: E402
 from fabgen.spec import SpecError  # noqa: E402
 
@@ -36,6 +41,13 @@ def parse_args(argv):
     p.add_argument("--check", action="store_true",
                    help="render into a temporary directory and fail if the outputs differ")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("--check-upstream", metavar="DIR",
+                   help="compare every described table and struct with the plugin headers under DIR "
+                        "(a NCCL checkout's src/include/plugin); exit 1 on any difference")
+    p.add_argument("--import", dest="import_dir", metavar="DIR",
+                   help="print the spec delta for --family/--version from the headers under DIR")
+    p.add_argument("--family", help="with --import: the family (net, rma, gin, neuron)")
+    p.add_argument("--version", type=int, help="with --import: the version the specs lack")
     args = p.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join(TOP, "generated")
@@ -77,8 +89,43 @@ def check(rendered, roots):
         render.remove_temp(tmp)
 
 
+def against_upstream(args):
+    """--check-upstream and --import."""
+    try:
+        spec = Spec(args.spec_dir)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    root = args.check_upstream or args.import_dir
+    if not os.path.isdir(root):
+        print(f"error: {root} is not a directory (give a NCCL checkout's src/include/plugin)", file=sys.stderr)
+        return 1
+    headers = upstream.Headers(root)
+    if args.import_dir:
+        if not args.family or args.version is None:
+            print("error: --import needs --family and --version", file=sys.stderr)
+            return 1
+        try:
+            print("\n".join(upstream.draft(spec, headers, args.family, args.version)))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
+    diffs, notes = upstream.check(spec, headers, args.spec_dir)
+    for n in notes:
+        print(f"note: {n}")
+    for d in diffs:
+        print(f"difference: {d}", file=sys.stderr)
+    checked = len(headers.structs)
+    print(f"{len(diffs)} difference(s) between {_label(args.spec_dir)} and {root} ({checked} upstream structs read, "
+          f"{len(notes)} described types not found there)")
+    return 1 if diffs else 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.check_upstream or args.import_dir:
+        return against_upstream(args)
     roots = {"out": args.out_dir, "docs": args.docs_dir}
     try:
         rendered = build(args)

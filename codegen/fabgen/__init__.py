@@ -11,4 +11,5 @@ Modules, in the order data flows through them:
   functions  shim and driver functions of one version's table
   params     loads core/params.toml
   render     the list of outputs, Jinja2 rendering, --check
+  upstream   --check-upstream and --import: the specs against NCCL's own plugin headers
 """

@@ -401,7 +401,7 @@
   X(ncclRma_v13_t, iget, 120) \
   X(ncclRma_v13_t, iflush, 128) \
   X(ncclRma_v13_t, test, 136) \
-  X(ncclRma_v13_t, rmaProgress, 144) \
+  X(ncclRma_v13_t, ginProgress, 144) \
   X(ncclRma_v13_t, queryLastError, 152) \
   X(ncclRma_v13_t, finalize, 160) \
   X(ncclRma_v14_t, name, 0) \

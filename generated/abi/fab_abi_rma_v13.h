@@ -33,7 +33,7 @@ typedef struct {
   ncclResult_t (*iget)(void* rmaCtx, int context, uint64_t remoteOff, void* remoteMhandle, size_t size, uint64_t localOff, void* localMhandle, uint32_t rank, void** request);
   ncclResult_t (*iflush)(void* rmaCtx, int context, void* mhandle, uint32_t rank, void** request);
   ncclResult_t (*test)(void* collComm, void* request, int* done);
-  ncclResult_t (*rmaProgress)(void* rmaCtx);
+  ncclResult_t (*ginProgress)(void* rmaCtx);
   ncclResult_t (*queryLastError)(void* rmaCtx, bool* hasError);
   ncclResult_t (*finalize)(void* ctx);
 } ncclRma_v13_t;
@@ -57,7 +57,7 @@ FAB_ABI_ASSERT(offsetof(ncclRma_v13_t, iputSignal) == 112, "ncclRma_v13_t.iputSi
 FAB_ABI_ASSERT(offsetof(ncclRma_v13_t, iget) == 120, "ncclRma_v13_t.iget is slot 15");
 FAB_ABI_ASSERT(offsetof(ncclRma_v13_t, iflush) == 128, "ncclRma_v13_t.iflush is slot 16");
 FAB_ABI_ASSERT(offsetof(ncclRma_v13_t, test) == 136, "ncclRma_v13_t.test is slot 17");
-FAB_ABI_ASSERT(offsetof(ncclRma_v13_t, rmaProgress) == 144, "ncclRma_v13_t.rmaProgress is slot 18");
+FAB_ABI_ASSERT(offsetof(ncclRma_v13_t, ginProgress) == 144, "ncclRma_v13_t.ginProgress is slot 18");
 FAB_ABI_ASSERT(offsetof(ncclRma_v13_t, queryLastError) == 152, "ncclRma_v13_t.queryLastError is slot 19");
 FAB_ABI_ASSERT(offsetof(ncclRma_v13_t, finalize) == 160, "ncclRma_v13_t.finalize is slot 20");
 

@@ -122,7 +122,7 @@ static fab_result drv_test(void* coll, void* request, int* done) {
 }
 
 static fab_result drv_progress(void* rma_ctx) {
-  return (fab_result)tbl->rmaProgress(rma_ctx);
+  return (fab_result)tbl->ginProgress(rma_ctx);
 }
 
 static fab_result drv_query_last_error(void* rma_ctx, bool* has_error) {
@@ -157,7 +157,7 @@ int fab_driver_bind_rma_v13(const void* table, void* out) {
   api->iget = tbl->iget != NULL ? drv_iget : NULL;
   api->iflush = tbl->iflush != NULL ? drv_iflush : NULL;
   api->test = tbl->test != NULL ? drv_test : NULL;
-  api->progress = tbl->rmaProgress != NULL ? drv_progress : NULL;
+  api->progress = tbl->ginProgress != NULL ? drv_progress : NULL;
   api->query_last_error = tbl->queryLastError != NULL ? drv_query_last_error : NULL;
   return 0;
 }

@@ -182,7 +182,7 @@ static const struct fab_abi_slot rma_v13_slots[] = {
   {"iget", 120, FAB_SLOT_OPTIONAL},
   {"iflush", 128, FAB_SLOT_OPTIONAL},
   {"test", 136, FAB_SLOT_REQUIRED},
-  {"rmaProgress", 144, FAB_SLOT_OPTIONAL},
+  {"ginProgress", 144, FAB_SLOT_OPTIONAL},
   {"queryLastError", 152, FAB_SLOT_OPTIONAL},
   {"finalize", 160, FAB_SLOT_REQUIRED},
 };

@@ -117,7 +117,7 @@ static ncclResult_t rma_v13_test(void* collComm, void* request, int* done) {
   return (ncclResult_t)fab_rma_test(collComm, request, done);
 }
 
-static ncclResult_t rma_v13_rmaProgress(void* rmaCtx) {
+static ncclResult_t rma_v13_ginProgress(void* rmaCtx) {
   return (ncclResult_t)fab_rma_progress(rmaCtx);
 }
 
@@ -150,7 +150,7 @@ __attribute__((visibility("default"))) ncclRma_v13_t ncclRmaPlugin_v13 = {
   .iget = rma_v13_iget,
   .iflush = rma_v13_iflush,
   .test = rma_v13_test,
-  .rmaProgress = rma_v13_rmaProgress,
+  .ginProgress = rma_v13_ginProgress,
   .queryLastError = rma_v13_queryLastError,
   .finalize = rma_v13_finalize,
 };

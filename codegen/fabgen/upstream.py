@@ -1,0 +1,404 @@
+"""Checks the specs against upstream plugin headers, and drafts a new version.
+
+    generate.py --check-upstream DIR            every table and struct the specs
+                                                describe, against DIR's headers
+    generate.py --import DIR --family rma --version 17
+                                                the spec delta for a version the
+                                                specs lack, to review
+
+DIR is where NCCL keeps its plugin headers (a checkout's src/include/plugin);
+nothing from it is copied into this repository. The headers are read with a
+small parser for the shapes NCCL uses: `typedef struct {...} name;`, aliases
+`typedef old new;`, function-pointer members and `#define NAME <integer>`.
+"""
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from . import ctypes
+
+_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+_STRUCT = re.compile(r"\btypedef\s+struct\s*\w*\s*\{")
+_ALIAS = re.compile(r"\btypedef\s+(?!struct\b|enum\b|union\b)([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*;")
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+\(?[ \t]*(-?\d+)[ \t]*\)?[ \t]*$", re.M)
+_FUNC = re.compile(r"^(?P<ret>.+?)\(\s*\*\s*(?P<name>\w+)\s*\)\s*\((?P<params>.*)\)$", re.S)
+_DATA = re.compile(r"^(?P<type>.+?)\b(?P<name>[A-Za-z_]\w*)\s*(?:\[(?P<len>[^\]]*)\])?$", re.S)
+
+
+@dataclass
+class Member:
+    name: str
+    type: str            # normalized ("void*[]", "const char*"); a function's return type for slots
+    line: int
+    length: str | None = None    # array length text (fields)
+    params: list | None = None   # [(name, type)] for function pointers
+
+
+@dataclass
+class Struct:
+    name: str
+    file: str
+    line: int
+    members: list = field(default_factory=list)
+
+
+class Headers:
+    """Every typedef'd struct, alias and integer #define under a directory."""
+
+    def __init__(self, root):
+        self.root = root
+        self.structs, self.aliases, self.defines = {}, {}, {}
+        for dirpath, _, files in sorted(os.walk(root)):
+            for name in sorted(files):
+                if name.endswith(".h"):
+                    self._read(os.path.join(dirpath, name))
+
+    def _read(self, path):
+        with open(path, errors="replace") as f:
+            raw = f.read()
+        text = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n") + " ", raw)
+        rel = os.path.relpath(path, self.root)
+        for m in _DEFINE.finditer(text):
+            self.defines[m.group(1)] = int(m.group(2))
+        for m in _ALIAS.finditer(text):
+            self.aliases[m.group(2)] = (m.group(1), rel, _line(text, m.start()))
+        for m in _STRUCT.finditer(text):
+            end = _closing_brace(text, m.end() - 1)
+            tail = re.match(r"\s*(\w+)\s*;", text[end + 1:])
+            if not tail:
+                continue
+            s = Struct(tail.group(1), rel, _line(text, m.start()))
+            body_start = m.end()
+            for part, offset in _split(text[body_start:end], ";"):
+                member = _member(part, _line(text, body_start + offset + len(part) - len(part.lstrip())))
+                if member:
+                    s.members.append(member)
+            self.structs[s.name] = s
+
+    def find(self, name):
+        """The struct behind name, following aliases; None when absent."""
+        seen = set()
+        while name not in self.structs and name in self.aliases and name not in seen:
+            seen.add(name)
+            name = self.aliases[name][0]
+        return self.structs.get(name)
+
+    def length(self, text):
+        text = (text or "").strip()
+        if text.isdigit():
+            return int(text)
+        return self.defines.get(text)
+
+
+def _line(text, pos):
+    return text.count("\n", 0, pos) + 1
+
+
+def _closing_brace(text, open_pos):
+    depth = 0
+    for i in range(open_pos, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return len(text) - 1
+
+
+def _split(text, sep):
+    """(part, offset) split at sep outside parentheses."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            out.append((text[start:i], start))
+            start = i + 1
+    if text[start:].strip():
+        out.append((text[start:], start))
+    return out
+
+
+def normalize(type_text):
+    """One spelling per C type: "void **" -> "void**", "void* x[]" (as "void*[]")."""
+    ref = ctypes.parse_type(" ".join(type_text.split()))
+    if ref is None:
+        return " ".join(type_text.split())
+    base = ("const " if ref.const else "") + ref.base + "*" * ref.ptr
+    return base + ("[]" if ref.array == "" else "")
+
+
+def _member(part, line):
+    part = " ".join(part.split())
+    if not part:
+        return None
+    m = _FUNC.match(part)
+    if m:
+        params = []
+        for p, _ in _split(m.group("params"), ","):
+            p = p.strip()
+            if not p or p == "void":
+                continue
+            d = _DATA.match(p)
+            if d:
+                params.append((d.group("name"), normalize(d.group("type") + ("[]" if d.group("len") is not None else ""))))
+            else:
+                params.append(("", normalize(p)))
+        return Member(m.group("name"), normalize(m.group("ret")), line, params=params)
+    d = _DATA.match(part)
+    if not d:
+        return None
+    return Member(d.group("name"), normalize(d.group("type")), line, length=d.group("len"))
+
+
+# ---- the spec side ------------------------------------------------------------------------------
+
+
+class SpecLines:
+    """Finds the line of a slot, an argument or a struct field in a spec file."""
+
+    def __init__(self, spec_dir):
+        self.dir = spec_dir
+        self.cache = {}
+
+    def _lines(self, label):
+        if label not in self.cache:
+            path = os.path.join(self.dir, os.path.basename(label))
+            try:
+                with open(path) as f:
+                    self.cache[label] = f.read().splitlines()
+            except OSError:
+                self.cache[label] = []
+        return self.cache[label]
+
+    def slot(self, label, slot, arg=None):
+        lines = self._lines(label)
+        start = self._after(lines, 0, r'^\[\[table\.slot\]\]')
+        while start is not None:
+            nxt = self._after(lines, start + 1, r'^\[\[table\.slot\]\]')
+            end = nxt if nxt is not None else len(lines)
+            for i in range(start, end):
+                if re.match(r'^name\s*=\s*"%s"' % re.escape(slot), lines[i]):
+                    if arg is None:
+                        return i + 1
+                    for j in range(i, end):
+                        if re.search(r'\{\s*name\s*=\s*"%s"' % re.escape(arg), lines[j]):
+                            return j + 1
+                    return i + 1
+            start = nxt
+        return 1
+
+    def field(self, label, struct_key, name):
+        lines = self._lines(label)
+        start = self._after(lines, 0, r'^\[struct\.%s\]' % re.escape(struct_key))
+        if start is None:
+            return 1
+        for j in range(start, len(lines)):
+            if re.search(r'\{\s*name\s*=\s*"%s"' % re.escape(name), lines[j]):
+                return j + 1
+        return start + 1
+
+    @staticmethod
+    def _after(lines, i, pattern):
+        for j in range(i, len(lines)):
+            if re.match(pattern, lines[j]):
+                return j
+        return None
+
+
+def _spec_type(defn, v):
+    text = defn.type.at(v, "type") if hasattr(defn.type, "at") else defn.type
+    return normalize(text.replace("{v}", str(v)))
+
+
+# ---- --check-upstream ---------------------------------------------------------------------------
+
+
+def check(spec, headers, spec_dir):
+    """(differences, notes): each difference names both places; notes say what was not found."""
+    where = SpecLines(spec_dir)
+    diffs, notes = [], []
+    _NAME_NOTES.clear()
+    for fam in spec.families:
+        for v, table in fam.tables.items():
+            up = headers.find(table.c_name)
+            if up is None:
+                notes.append(f"{table.c_name}: not in {headers.root} ({fam.file} describes it)")
+                continue
+            diffs += _check_table(table, up, headers, where, fam.file)
+    for inst in sorted(spec.instances.values(), key=lambda i: i.c_name):
+        up = headers.find(inst.c_name)
+        if up is None:
+            notes.append(f"{inst.c_name}: not in {headers.root} ({inst.family.file} describes it)")
+            continue
+        diffs += _check_struct(inst, up, headers, where)
+    return diffs, notes + _NAME_NOTES
+
+
+def _up(headers, s, m=None):
+    return f"{os.path.join(headers.root, s.file)}:{m.line if m else s.line}"
+
+
+def _check_table(table, up, headers, where, label):
+    diffs = []
+    ours = [s.name for s in table.slots]
+    theirs = [m.name for m in up.members]
+    if ours != theirs:
+        diffs.append(f"{label}:{where.slot(label, ours[0])}: {table.c_name} slots are {ours}; upstream "
+                     f"{_up(headers, up)} has {theirs}")
+        return diffs
+    for slot, m in zip(table.slots, up.members):
+        at = f"{table.c_name}.{slot.name}"
+        if slot.data is not None:
+            if normalize(slot.data.spelling) != m.type or m.params is not None:
+                diffs.append(f"{label}:{where.slot(label, slot.name)}: {at} is data of type {slot.data.spelling}; "
+                             f"upstream {_up(headers, up, m)} declares {m.type}")
+            continue
+        if m.params is None:
+            diffs.append(f"{label}:{where.slot(label, slot.name)}: {at} is a function; upstream "
+                         f"{_up(headers, up, m)} declares data")
+            continue
+        diffs += _check_args(table, slot, m, headers, up, where, label)
+    return diffs
+
+
+def _check_args(table, slot, m, headers, up, where, label):
+    diffs, at = [], f"{table.c_name}.{slot.name}"
+    for i in range(max(len(slot.args), len(m.params))):
+        a = slot.args[i] if i < len(slot.args) else None
+        p = m.params[i] if i < len(m.params) else None
+        line = where.slot(label, slot.name, a.name if a else None)
+        if a is None:
+            diffs.append(f"{label}:{line}: {at} has {len(slot.args)} arguments; upstream {_up(headers, up, m)} has "
+                         f"{len(m.params)} (argument {i + 1} '{p[0]}' {p[1]} is missing here)")
+        elif p is None:
+            diffs.append(f"{label}:{line}: {at} argument {i + 1} '{a.name}' ({_spec_type(a.defn, table.version)}) "
+                         f"is not in upstream {_up(headers, up, m)}")
+        else:
+            ours = _spec_type(a.defn, table.version)
+            if ours != p[1]:
+                diffs.append(f"{label}:{line}: {at} argument {i + 1} '{a.name}' is {ours} here; upstream "
+                             f"{_up(headers, up, m)} says {p[1]} '{p[0]}'")
+            elif p[0] and p[0] != a.name:
+                _NAME_NOTES.append(f"{label}:{line}: {at} argument {i + 1} is named '{a.name}' here, '{p[0]}' "
+                                   f"upstream {_up(headers, up, m)} (names are not part of the ABI)")
+    return diffs
+
+
+_NAME_NOTES = []
+
+
+def _check_struct(inst, up, headers, where):
+    diffs, label, key = [], inst.family.file, inst.family.key
+    ours = [name for _, name, _ in inst.fields]
+    theirs = [m.name for m in up.members]
+    if ours != theirs:
+        line = where.field(label, key, ours[0] if ours else "")
+        return [f"{label}:{line}: {inst.c_name} fields are {ours}; upstream {_up(headers, up)} has {theirs}"]
+    for (fd, name, t), m in zip(inst.fields, up.members):
+        line = where.field(label, key, name)
+        ours_t = _spec_type(fd, inst.version) if inst.version is not None else normalize(fd.type.at(None, "type"))
+        base = ours_t.split("[")[0]
+        if base != m.type or m.params is not None:
+            diffs.append(f"{label}:{line}: {inst.c_name}.{name} is {ours_t} here; upstream {_up(headers, up, m)} "
+                         f"says {m.type}")
+            continue
+        if (t.length is not None) != (m.length is not None):
+            diffs.append(f"{label}:{line}: {inst.c_name}.{name}: array here {t.length}, upstream "
+                         f"{_up(headers, up, m)} [{m.length}]")
+        elif t.length is not None and headers.length(m.length) not in (None, t.length):
+            diffs.append(f"{label}:{line}: {inst.c_name}.{name} has {t.length} elements here; upstream "
+                         f"{_up(headers, up, m)} has {m.length} = {headers.length(m.length)}")
+    return diffs
+
+
+# ---- --import ---------------------------------------------------------------------------------
+
+
+def draft(spec, headers, family_key, version):
+    """Lines of TOML-like text: what the family's spec needs for `version`."""
+    fam = next((f for f in spec.families if f.key == family_key), None)
+    if fam is None:
+        raise ValueError(f"no family '{family_key}' in the specs (have: {', '.join(f.key for f in spec.families)})")
+    if version in fam.versions:
+        raise ValueError(f"{family_key} v{version} is already described in {fam.file}; use --check-upstream")
+    c_name = fam.table.replace("{v}", str(version))
+    up = headers.find(c_name)
+    if up is None:
+        raise ValueError(f"{c_name} is not in {headers.root}")
+    base_v = max([v for v in fam.versions if v < version] or fam.versions)
+    base = fam.tables[base_v]
+    out = [f"# {fam.file}: {family_key} v{version} from {_up(headers, up)}, against v{base_v}. Review each line;",
+           "# layouts are recomputed by the generator and must match what you record.",
+           f"[family] versions += [{version}]; releases.\"{version}\" = \"<NCCL releases that load it>\"",
+           f"[table.layout] \"{version}\" = {{ size = {8 * len(up.members)}, slots = "
+           f"[{', '.join(repr(m.name).replace(chr(39), chr(34)) for m in up.members)}] }}"]
+    theirs = {m.name: (i, m) for i, m in enumerate(up.members)}
+    for s in base.slots:
+        if s.name not in theirs:
+            out.append(f"slot {s.name}: not in v{version}: add until = {base_v}")
+    for i, m in enumerate(up.members):
+        out += _draft_slot(base, m, i, version, base_v)
+    out += _draft_structs(spec, headers, up, version, base_v)
+    return out
+
+
+def _vtype(t, version):
+    return re.sub(r"_v%d_t\b" % version, "_v{v}_t", t)
+
+
+def _draft_slot(base, m, index, version, base_v):
+    s = base.slot(m.name)
+    if s is None:
+        if m.params is None:
+            return [f"slot {m.name} (new, index {index}): data = \"{m.type}\", since = {version}"]
+        args = ", ".join(f'{{ name = "{n}", type = "{_vtype(t, version)}" }}' for n, t in m.params)
+        return [f"slot {m.name} (new, index {index}): since = {version}, args = [{args}]"]
+    if m.params is None or s.data is not None:
+        return []
+    out = []
+    # a type the same in both versions except for its own version number ("_v16_t" in v16,
+    # "_v17_t" in v17) is one spec type with {v}
+    ours = {a.name: (_spec_type(a.defn, base_v), _vtype(_spec_type(a.defn, base_v), base_v)) for a in s.args}
+    names_theirs = [n for n, _ in m.params]
+    for pos, (n, t) in enumerate(m.params):
+        t_v = _vtype(t, version)
+        if n not in ours:
+            out.append(f"slot {m.name}: argument '{n}' {t_v} is new at position {pos + 1}: "
+                       f"{{ name = \"{n}\", type = \"{t_v}\", since = {version} }}")
+        elif t != ours[n][0] and t_v != ours[n][1]:
+            out.append(f"slot {m.name}: argument '{n}' changes type: type = {{ \"-{base_v}\" = \"{ours[n][1]}\", "
+                       f"\"{version}-\" = \"{t_v}\" }}")
+    for n in ours:
+        if n not in names_theirs:
+            out.append(f"slot {m.name}: argument '{n}' is gone in v{version}: add until = {base_v}")
+    return out
+
+
+def _draft_structs(spec, headers, table_struct, version, base_v):
+    out, seen = [], set()
+    for m in table_struct.members:
+        for _, t in m.params or []:
+            name = re.sub(r"\W", "", t.replace("[]", ""))
+            if not name.endswith(f"_v{version}_t") or name in seen:
+                continue
+            seen.add(name)
+            up = headers.find(name)
+            prev = name.replace(f"_v{version}_t", f"_v{base_v}_t")
+            inst = spec.instances.get(prev)
+            if up is None:
+                out.append(f"struct {name}: not found in the headers")
+                continue
+            fields = [(f.name, f.type + (f"[{f.length}]" if f.length else "")) for f in up.members]
+            ours = [(n, _spec_type(fd, base_v)) for fd, n, _ in inst.fields] if inst else None
+            if inst is not None and [n for n, _ in ours] == [n for n, _ in fields] and \
+                    [t for _, t in ours] == [t.split("[")[0] for _, t in fields]:
+                out.append(f"struct {name}: same fields as {prev}: extend its since/until to {version} and record "
+                           f"layout \"{version}\" (it renders as a typedef of {prev})")
+            else:
+                out.append(f"struct {name}: fields {fields}" + (f" (v{base_v}: {ours})" if ours else " (new)"))
+    return out

@@ -1,0 +1,111 @@
+"""generate.py --check-upstream and --import against header fixtures written
+here in NCCL's shape (tests/codegen/upstream_fixture): the specs match them,
+and each kind of difference is reported with the line in the spec and in the
+header."""
+
+import os
+import re
+import shutil
+import unittest
+
+from spec_edit import TOP, TempDir, copy_specs, edit, run_generator
+
+FIXTURE = os.path.join(TOP, "tests", "codegen", "upstream_fixture")
+OPT_FLAGS = '{ name = "optFlags", type = "uint32_t", since = 15, conv = "copy", to = "opt_flags" }'
+
+
+def copy_fixture(tmp):
+    dst = os.path.join(tmp, "plugin")
+    shutil.copytree(FIXTURE, dst)
+    return dst
+
+
+class CheckUpstream(unittest.TestCase):
+    def check(self, spec=None, headers=FIXTURE):
+        args = ["--check-upstream", headers] + (["--spec-dir", spec] if spec else [])
+        return run_generator(*args)
+
+    def test_specs_match_the_fixture(self):
+        rc, out, err = self.check()
+        self.assertEqual(rc, 0, err)
+        self.assertIn("0 difference(s)", out)
+        self.assertIn("ncclRma_v13_t: not in", out, "what the headers lack is a note, not a difference")
+
+    def assert_difference(self, err, spec_file, header_file, *words):
+        lines = [ln for ln in err.splitlines() if ln.startswith("difference:")]
+        self.assertTrue(lines, err)
+        hit = [ln for ln in lines if re.search(r"%s:\d+: " % re.escape(spec_file), ln)
+               and re.search(r"%s:\d+" % re.escape(header_file), ln) and all(w in ln for w in words)]
+        self.assertTrue(hit, f"no difference naming {spec_file}, {header_file}, {words}:\n{err}")
+
+    def test_an_argument_type(self):
+        with TempDir() as tmp:
+            spec = copy_specs(tmp)
+            edit(f"{spec}/rma.toml", OPT_FLAGS, OPT_FLAGS.replace('"uint32_t"', '"int"'), count=3)
+            rc, _, err = self.check(spec)
+            self.assertEqual(rc, 1)
+            self.assert_difference(err, "abi/rma.toml", "rma/rma_v15.h", "iput", "optFlags", "int here",
+                                   "says uint32_t")
+
+    def test_a_struct_pointer_made_void(self):
+        with TempDir() as tmp:
+            spec = copy_specs(tmp)
+            edit(f"{spec}/rma.toml", 'type = "ncclRmaProperties_v{v}_t*"', 'type = "void*"')
+            rc, _, err = self.check(spec)
+            self.assertEqual(rc, 1)
+            self.assert_difference(err, "abi/rma.toml", "rma/rma_v16.h", "getRmaProperties", "rmaProps",
+                                   "void* here", "ncclRmaProperties_v16_t*")
+
+    def test_a_struct_field(self):
+        with TempDir() as tmp:
+            headers = copy_fixture(tmp)
+            edit(f"{headers}/rma/rma_v14.h", "  int rankStride;", "  long rankStride;")
+            rc, _, err = self.check(headers=headers)
+            self.assertEqual(rc, 1)
+            self.assert_difference(err, "abi/rma.toml", "rma/rma_v14.h", "ncclRmaConfig_v14_t.rankStride",
+                                   "says long")
+
+    def test_a_slot_inserted(self):
+        with TempDir() as tmp:
+            headers = copy_fixture(tmp)
+            edit(f"{headers}/rma/rma_v15.h", "  ncclResult_t (*devices)(int* ndev);\n",
+                 "  ncclResult_t (*devices)(int* ndev);\n  ncclResult_t (*abort)(void* collComm);\n")
+            rc, _, err = self.check(headers=headers)
+            self.assertEqual(rc, 1)
+            self.assert_difference(err, "abi/rma.toml", "rma/rma_v15.h", "ncclRma_v15_t slots are", "'abort'")
+
+    def test_an_argument_missing(self):
+        with TempDir() as tmp:
+            headers = copy_fixture(tmp)
+            edit(f"{headers}/rma/rma_v16.h", "uint32_t rank, uint32_t optFlags,\n                       void** request);",
+                 "uint32_t rank, void** request);")
+            rc, _, err = self.check(headers=headers)
+            self.assertEqual(rc, 1)
+            self.assert_difference(err, "abi/rma.toml", "rma/rma_v16.h", "ncclRma_v16_t.iget")
+
+
+class Import(unittest.TestCase):
+    def test_drafts_the_delta_of_a_new_version(self):
+        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "17")
+        self.assertEqual(rc, 0, err)
+        self.assertIn('[table.layout] "17" = { size = 184, slots = ["name", "init", "devices", "getRmaProperties"', out)
+        self.assertIn("slot iflush: argument 'optFlags' uint32_t is new at position 5: "
+                      '{ name = "optFlags", type = "uint32_t", since = 17 }', out)
+        self.assertIn('slot abort (new, index 22): since = 17, args = [{ name = "collComm", type = "void*" }]', out)
+        self.assertIn("struct ncclRmaProperties_v17_t: same fields as ncclRmaProperties_v16_t", out)
+        self.assertIn("struct ncclRmaConfig_v17_t: fields [('nContexts', 'int'), ('trafficClass', 'int'), "
+                      "('rankStride', 'int'), ('flags', 'int')]", out)
+
+    def test_refuses_a_version_already_described(self):
+        rc, _, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "16")
+        self.assertEqual(rc, 1)
+        self.assertIn("rma v16 is already described in abi/rma.toml", err)
+
+    def test_needs_family_and_version(self):
+        rc, _, err = run_generator("--import", FIXTURE)
+        self.assertEqual(rc, 1)
+        self.assertIn("--import needs --family and --version", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
