@@ -74,14 +74,13 @@ static fab_result handshake(fab_coll* g, fab_listener* l, void** handles, void**
 static fab_result make_ring(fab_coll* g, fab_coll_peer* p, const char* fn) {
   size_t len = FAB_COLL_RING * sizeof(fab_coll_sig) + FAB_COLL_SCRATCH;
   p->ring_mem = aligned_alloc(64, len);
-  if (!p->ring_mem) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
+  p->put_seen = calloc(FAB_COLL_PUT_WINDOW / 64, sizeof(uint64_t));
+  if (!p->ring_mem || !p->put_seen) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
   memset(p->ring_mem, 0, len);
   int rc = fab_rma_buf_reg(g->target_ep->dev, p->ring_mem, len, FI_REMOTE_WRITE, &p->ring_reg);
   if (rc != 0) {
     char why[160];
     snprintf(why, sizeof(why), "registering a signal ring failed: %s", fi_strerror(-rc));
-    free(p->ring_mem);
-    p->ring_mem = NULL;
     return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, why);
   }
   return FAB_OK;
@@ -268,9 +267,11 @@ static void coll_destroy(fab_coll* g) {
       p->rc->onesided = NULL;
       p->rc->onesided_arg = NULL;
     }
-    if (p->ring_mem) fab_rma_buf_retire(g->target_ep, &p->ring_reg, p->ring_mem); /* the peer may still write */
+    if (p->ring_reg.mr) fab_rma_buf_retire(g->target_ep, &p->ring_reg, p->ring_mem); /* the peer may still write */
+    else free(p->ring_mem);
   }
   pthread_mutex_unlock(&g->target_ep->lock);
+  for (int r = 0; r < g->nranks; r++) free(g->peers[r].put_seen); /* no handler reaches them any more */
   for (int r = 0; r < g->nranks; r++) {
     if (g->peers[r].send_h) fab_close_send(g->peers[r].send_h);
     if (g->peers[r].recv_h) fab_close_recv(g->peers[r].recv_h);

@@ -13,9 +13,11 @@
  * slot (transports/rdma/rd_proto.h), dispatched to fab_coll_target_landed
  * under the target endpoint's lock.
  *
- * Signals are applied by the target, never by the provider: a signal record
- * (fab_coll_sig) says how many puts from its source must have landed first,
- * and the target counts the puts it sees. So a signal is never visible
+ * Signals are applied by the target, never by the provider: every put carries
+ * its number, the target tracks the prefix of its source's puts that have all
+ * landed (whatever order they complete in), and a signal record
+ * (fab_coll_sig) applies once that prefix covers every put its source
+ * posted before it. So a signal is never visible
  * before its own data nor before any earlier put of the same source, on any
  * provider, whatever ordering it offers (every signal is strong). Records
  * go into a ring per (target, source); the target gives slots back with
@@ -40,7 +42,11 @@ enum {
 };
 
 /* What the low 32 bits of a one-sided write's remote CQ data say. */
-enum { FAB_COLL_PUT = 1, FAB_COLL_SIGNAL = 2, FAB_COLL_ACK = 3 };
+enum { FAB_COLL_PUT = 1, FAB_COLL_SIGNAL = 2, FAB_COLL_ACK = 3, FAB_COLL_ACK_PUTS = 4 };
+/* Puts carry their number (mod 2^24); a target tracks which landed in a
+ * window of FAB_COLL_PUT_WINDOW past the prefix that all did, and a source
+ * never runs further ahead of the prefix the target acknowledged. */
+enum { FAB_COLL_PUT_WINDOW = 1 << 16 };
 static inline uint32_t fab_coll_cq_low(unsigned kind, uint32_t value) { return (uint32_t)kind << 28 | (value & 0xffffff); }
 
 /* One signal record, written into the target's ring slot seq % FAB_COLL_RING. */
@@ -74,6 +80,7 @@ typedef struct fab_coll_peer {
   uint32_t token;       /* the peer's: its records carry it */
   /* source side (coll->lock, except the atomics) */
   uint64_t puts_posted;
+  _Atomic uint64_t puts_acked;  /* the peer's landed prefix, as it acknowledged it */
   _Atomic uint32_t sig_seq;     /* signals issued (written under coll->lock) */
   _Atomic uint32_t sig_acked;  /* records the peer has consumed */
   fab_list waiting;            /* signal requests waiting for ring room */
@@ -83,7 +90,10 @@ typedef struct fab_coll_peer {
   fab_op ack_op;
   uint64_t ack_word;
   /* target side (the target endpoint's lock) */
-  uint64_t puts_landed;
+  uint64_t puts_landed;        /* every put numbered below this one has landed */
+  uint64_t* put_seen;          /* bit per put in [puts_landed, puts_landed + FAB_COLL_PUT_WINDOW) */
+  _Atomic uint64_t puts_landed_pub; /* = puts_landed, for the acknowledging side */
+  uint64_t puts_acked_sent;    /* prefix last acknowledged (coll->lock) */
   uint32_t sig_next;           /* the next record to apply */
   _Atomic uint32_t sig_applied; /* = sig_next, for the acknowledging side */
   uint32_t consumed_acked;     /* applied count last acknowledged (coll->lock) */

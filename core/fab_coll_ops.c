@@ -48,11 +48,15 @@ fab_result fab_coll_poll(fab_coll* g) {
   return FAB_OK;
 }
 
-fab_result fab_coll_progress(fab_coll* g) {
+static fab_result progress_locked(fab_coll* g) {
   fab_result rc = fab_coll_poll(g);
   if (rc != FAB_OK) return fab_coll_fail(g, rc, "rmaProgress", "its endpoint's completion queue failed");
+  return fab_coll_post_waiting(g);
+}
+
+fab_result fab_coll_progress(fab_coll* g) {
   pthread_mutex_lock(&g->lock);
-  rc = fab_coll_post_waiting(g);
+  fab_result rc = progress_locked(g);
   pthread_mutex_unlock(&g->lock);
   return rc;
 }
@@ -159,26 +163,37 @@ void fab_coll_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_e
   atomic_store_explicit(&p->ack_inflight, 0, memory_order_release);
 }
 
-/* Gives the peer its ring slots back: records we applied since the last
- * acknowledgement, one write in flight at a time. */
-static fab_result post_ack(fab_coll* g, fab_coll_peer* p) {
-  uint32_t applied = atomic_load_explicit(&p->sig_applied, memory_order_acquire);
-  if (applied == p->consumed_acked || atomic_load_explicit(&p->ack_inflight, memory_order_acquire))
-    return FAB_OK;
+/* One acknowledgement write in flight per peer, carrying a count mod 2^24:
+ * signal records applied (ring slots given back) or the landed prefix of
+ * the peer's puts (its put window). */
+static fab_result post_ack(fab_coll* g, fab_coll_peer* p, unsigned kind, uint64_t value) {
   atomic_store_explicit(&p->ack_inflight, 1, memory_order_relaxed);
-  p->ack_word = applied;
-  uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_ACK, applied));
+  p->ack_word = value;
+  uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT, fab_coll_cq_low(kind, (uint32_t)value));
   ssize_t rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &p->ack_word, sizeof(p->ack_word), &p->ring,
                                         FAB_COLL_RING * sizeof(fab_coll_sig), data, &p->ack_op);
-  if (rc == -FI_EAGAIN) {
-    atomic_store_explicit(&p->ack_inflight, 0, memory_order_relaxed);
-    return FAB_OK; /* next progress */
+  if (rc == 0) return FAB_OK;
+  atomic_store_explicit(&p->ack_inflight, 0, memory_order_relaxed);
+  if (rc == -FI_EAGAIN) return FAB_ERR_INTERNAL; /* not now: the next progress tries again */
+  return fab_coll_fail(g, fab_result_from_fi((int)-rc), "rmaProgress", "posting an acknowledgement failed");
+}
+
+/* Signal slots as soon as records are applied (a source may be waiting for
+ * one); the put prefix once a quarter of the window has landed. */
+static fab_result acknowledge(fab_coll* g, fab_coll_peer* p) {
+  if (atomic_load_explicit(&p->ack_inflight, memory_order_acquire)) return FAB_OK;
+  uint32_t applied = atomic_load_explicit(&p->sig_applied, memory_order_acquire);
+  if (applied != p->consumed_acked) {
+    fab_result rc = post_ack(g, p, FAB_COLL_ACK, applied);
+    if (rc == FAB_OK) p->consumed_acked = applied;
+    return rc == FAB_ERR_INTERNAL ? FAB_OK : rc;
   }
-  if (rc != 0) {
-    atomic_store_explicit(&p->ack_inflight, 0, memory_order_relaxed);
-    return fab_coll_fail(g, fab_result_from_fi((int)-rc), "rmaProgress", "posting an acknowledgement failed");
+  uint64_t landed = atomic_load_explicit(&p->puts_landed_pub, memory_order_acquire);
+  if (landed - p->puts_acked_sent >= FAB_COLL_PUT_WINDOW / 4) {
+    fab_result rc = post_ack(g, p, FAB_COLL_ACK_PUTS, landed);
+    if (rc == FAB_OK) p->puts_acked_sent = landed;
+    return rc == FAB_ERR_INTERNAL ? FAB_OK : rc;
   }
-  p->consumed_acked = applied;
   return FAB_OK;
 }
 
@@ -192,7 +207,7 @@ fab_result fab_coll_post_waiting(fab_coll* g) {
       fab_list_del(&r->node);
       post_sig(r); /* a failure is the request's */
     }
-    fab_result rc = post_ack(g, p);
+    fab_result rc = acknowledge(g, p);
     if (rc != FAB_OK) return rc;
   }
   return FAB_OK;
@@ -227,6 +242,26 @@ static int apply(fab_coll_peer* p, const fab_coll_sig* s) {
   return 1;
 }
 
+/* Put number (mod 2^24) v landed: advance the prefix over every put in.
+ * 0 when v lies beyond the window (the peer ignored our acknowledgements). */
+static int put_landed(fab_coll_peer* p, uint32_t v) {
+  uint64_t n = p->puts_landed + ((v - (uint32_t)p->puts_landed) & 0xffffff);
+  uint64_t off = n - p->puts_landed;
+  if (off >= FAB_COLL_PUT_WINDOW) return 0;
+  uint64_t* seen = p->put_seen;
+  uint64_t bit = n % FAB_COLL_PUT_WINDOW;
+  if (seen[bit / 64] >> (bit % 64) & 1) return 0; /* twice */
+  seen[bit / 64] |= 1ull << (bit % 64);
+  for (;;) {
+    uint64_t b = p->puts_landed % FAB_COLL_PUT_WINDOW;
+    if (!(seen[b / 64] >> (b % 64) & 1)) break;
+    seen[b / 64] &= ~(1ull << (b % 64));
+    p->puts_landed++;
+  }
+  atomic_store_explicit(&p->puts_landed_pub, p->puts_landed, memory_order_release);
+  return 1;
+}
+
 /* Applies landed records in order, each once every put it follows is in. */
 static void apply_ready(fab_coll_peer* p) {
   for (;;) {
@@ -238,7 +273,7 @@ static void apply_ready(fab_coll_peer* p) {
       bad_peer(p, "a signal record that fails its checks");
       return;
     }
-    if (s.puts_before > p->puts_landed) return; /* its puts are on the way */
+    if (s.puts_before > p->puts_landed) return; /* some of its puts are on the way */
     if (!apply(p, &s)) return;
     p->landed[slot] = 0;
     p->sig_next++;
@@ -252,7 +287,7 @@ void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
   uint32_t v = low & 0xffffff;
   switch (low >> 28) {
     case FAB_COLL_PUT:
-      p->puts_landed++;
+      if (!put_landed(p, v)) return bad_peer(p, "a put numbered beyond its window");
       apply_ready(p);
       return;
     case FAB_COLL_SIGNAL:
@@ -267,6 +302,13 @@ void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
       if (delta > FAB_COLL_RING || (int32_t)(sent - (acked + delta)) < 0)
         return bad_peer(p, "an acknowledgement of signals never sent");
       atomic_store_explicit(&p->sig_acked, acked + delta, memory_order_release);
+      return;
+    }
+    case FAB_COLL_ACK_PUTS: {
+      uint64_t acked = atomic_load_explicit(&p->puts_acked, memory_order_relaxed);
+      uint64_t delta = (v - acked) & 0xffffff;
+      if (delta > FAB_COLL_PUT_WINDOW) return bad_peer(p, "an acknowledgement of puts never sent");
+      atomic_store_explicit(&p->puts_acked, acked + delta, memory_order_release);
       return;
     }
     default:
@@ -357,8 +399,17 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
   fab_coll_peer* p = t->p;
   int rank = p->rank;
   if (size) {
-    uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_PUT, 0));
     int64_t deadline = 0;
+    while (p->puts_posted - atomic_load_explicit(&p->puts_acked, memory_order_acquire) >= FAB_COLL_PUT_WINDOW) {
+      /* the peer has not acknowledged this many puts: drive both ends' progress until it does */
+      if (progress_locked(t->g) != FAB_OK || !again(p->sc->ep, &deadline)) {
+        if (sw) op_done(&r->ops[1], NULL, NULL);
+        return not_posted(r, 0, -FI_ETIMEDOUT, sw ? "iputSignal" : "iput");
+      }
+    }
+    uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT,
+                               fab_coll_cq_low(FAB_COLL_PUT, (uint32_t)p->puts_posted));
+    deadline = 0;
     ssize_t rc;
     do rc = fab_rma_writedata(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
                               &dst->remote[rank], dst_off, data, &r->ops[0]);

@@ -51,10 +51,12 @@ static void setup(void) {
   p->rank = 1;
   p->token = TOKEN;
   p->ring_mem = fx->ring;
+  p->put_seen = calloc(FAB_COLL_PUT_WINDOW / 64, sizeof(uint64_t));
   fx->rc->onesided_arg = p;
 }
 
 static void teardown(void) {
+  free(fx->peers[1].put_seen);
   free(fx->rc);
   free(fx);
 }
@@ -70,14 +72,18 @@ static void place(uint32_t seq, uint64_t puts_before, uint64_t offset, uint64_t 
 }
 
 static void landed(unsigned kind, uint32_t value) { fab_coll_target_landed(fx->rc, fab_coll_cq_low(kind, value)); }
+static void expect_refused(const char* what);
+
+/* Put number n (from 0, in the source's order) landed. */
+static void put(uint32_t n) { landed(FAB_COLL_PUT, n); }
 
 Test(coll, signal_waits_for_the_puts_before_it) {
   place(0, 2, 8, 5, FAB_SIGNAL_ADD);
   landed(FAB_COLL_SIGNAL, 0); /* the record overtook both puts */
   cr_expect_eq(fx->words[1], 0, "applied before its puts landed");
-  landed(FAB_COLL_PUT, 0);
+  put(0);
   cr_expect_eq(fx->words[1], 0, "applied with one of its two puts missing");
-  landed(FAB_COLL_PUT, 0);
+  put(1);
   cr_expect_eq(fx->words[1], 5);
   cr_expect_eq(atomic_load(&fx->peers[1].sig_applied), 1);
   cr_expect_eq(ut_warns(), 0);
@@ -94,13 +100,43 @@ Test(coll, records_apply_in_order_once) {
   landed(FAB_COLL_SIGNAL, 0);
   cr_expect_eq(fx->words[0], 1, "record 0 (INC adds 1 whatever its value)");
   cr_expect_eq(fx->words[2], 0, "records 1 and 2 follow a put that has not landed");
-  landed(FAB_COLL_PUT, 0);
+  put(0);
   cr_expect_eq(fx->words[0], 11);
   cr_expect_eq(fx->words[2], 3);
-  landed(FAB_COLL_PUT, 0); /* a put with no signal after it changes nothing */
+  put(1); /* a put with no signal after it changes nothing */
   cr_expect_eq(fx->words[0], 11);
   cr_expect_eq(atomic_load(&fx->peers[1].sig_applied), 3);
   cr_expect_eq(ut_warns(), 0);
+}
+
+Test(coll, a_later_put_does_not_stand_in_for_an_earlier_one) {
+  /* put 0 (large) is still on its way when put 2, posted after the signal, lands */
+  place(0, 2, 8, 1, FAB_SIGNAL_ADD);
+  put(1);
+  put(2);
+  landed(FAB_COLL_SIGNAL, 0);
+  cr_expect_eq(fx->words[1], 0, "two puts landed, but not the two the signal follows");
+  put(0);
+  cr_expect_eq(fx->words[1], 1);
+  cr_expect_eq(fx->peers[1].puts_landed, 3);
+  cr_expect_eq(ut_warns(), 0);
+}
+
+Test(coll, put_numbers_wrap) {
+  for (uint32_t n = 0; n < 3 * (1u << 24) / 2; n += 1) put(n & 0xffffff);
+  cr_expect_eq(fx->peers[1].puts_landed, 3 * (1u << 24) / 2);
+  cr_expect_eq(ut_warns(), 0);
+}
+
+Test(coll, put_beyond_the_window) {
+  put(FAB_COLL_PUT_WINDOW);
+  expect_refused("a put numbered past the window");
+}
+
+Test(coll, put_landing_twice) {
+  put(1);
+  put(1);
+  expect_refused("the same put landing twice");
 }
 
 Test(coll, ring_wraps) {
@@ -183,6 +219,13 @@ Test(coll, acknowledgement_of_signals_never_sent) {
   landed(FAB_COLL_ACK, FAB_COLL_RING + 1);
   expect_refused("an acknowledgement past what was sent");
   cr_expect_eq(atomic_load(&fx->peers[1].sig_acked), 0);
+}
+
+Test(coll, put_acknowledgements) {
+  landed(FAB_COLL_ACK_PUTS, 1000);
+  cr_expect_eq(atomic_load(&fx->peers[1].puts_acked), 1000);
+  landed(FAB_COLL_ACK_PUTS, 1000 + FAB_COLL_PUT_WINDOW + 1);
+  expect_refused("an acknowledgement of puts past the window");
 }
 
 Test(coll, acknowledgement_within_what_was_sent) {
