@@ -73,7 +73,7 @@ add_dependencies(fabric_drivers fabric_codegen)
 # ---- the plugin library -----------------------------------------------------------------
 
 function(fabric_add_net_plugin target)
-  cmake_parse_arguments(ARG "" "GENERATED_DIR" "VERSIONS;RMA_VERSIONS" ${ARGN})
+  cmake_parse_arguments(ARG "" "GENERATED_DIR" "VERSIONS;RMA_VERSIONS;GIN_VERSIONS" ${ARGN})
   if(NOT ARG_GENERATED_DIR)
     set(ARG_GENERATED_DIR ${FABRIC_GENERATED_DIR})
   endif()
@@ -84,12 +84,9 @@ function(fabric_add_net_plugin target)
   set(symbols "")
   # Each family: the versions asked for must be described; their shims are
   # linked and their tables exported.
-  foreach(fam NET RMA)
-    if(fam STREQUAL "NET")
-      set(wanted ${ARG_VERSIONS})
-    else()
-      set(wanted ${ARG_RMA_VERSIONS})
-    endif()
+  set(ARG_NET_VERSIONS ${ARG_VERSIONS})
+  foreach(fam NET RMA GIN)
+    set(wanted ${ARG_${fam}_VERSIONS})
     string(TOLOWER ${fam} fam_name)
     foreach(v IN LISTS wanted)
       if(NOT v IN_LIST FABRIC_GEN_${fam}_VERSIONS)
@@ -103,15 +100,13 @@ function(fabric_add_net_plugin target)
 
   # Exactly the chosen tables are global; everything else (core included) is
   # local. Every version: the generated script; a subset: the same shape here.
-  set(chosen ${ARG_VERSIONS} ${ARG_RMA_VERSIONS})
-  set(all ${FABRIC_GEN_NET_VERSIONS} ${FABRIC_GEN_RMA_VERSIONS})
-  list(SORT chosen COMPARE NATURAL)
-  list(SORT all COMPARE NATURAL)
+  set(chosen NET ${ARG_VERSIONS} RMA ${ARG_RMA_VERSIONS} GIN ${ARG_GIN_VERSIONS})
+  set(all NET ${FABRIC_GEN_NET_VERSIONS} RMA ${FABRIC_GEN_RMA_VERSIONS} GIN ${FABRIC_GEN_GIN_VERSIONS})
   if(chosen STREQUAL all)
     set(map ${ARG_GENERATED_DIR}/exports/fabric-net.map)
   else()
     set(map ${CMAKE_CURRENT_BINARY_DIR}/${target}.map)
-    file(CONFIGURE OUTPUT ${map} CONTENT "/* Written by codegen/codegen.cmake for ${target}: net versions ${ARG_VERSIONS}, rma versions ${ARG_RMA_VERSIONS}. */
+    file(CONFIGURE OUTPUT ${map} CONTENT "/* Written by codegen/codegen.cmake for ${target}: net versions ${ARG_VERSIONS}, rma versions ${ARG_RMA_VERSIONS}, gin versions ${ARG_GIN_VERSIONS}. */
 {
   global:
 @symbols@  local:
@@ -129,5 +124,6 @@ function(fabric_add_net_plugin target)
                         LINK_DEPENDS ${map})
   set_property(TARGET ${target} PROPERTY FABRIC_NET_VERSIONS "${ARG_VERSIONS}")
   set_property(TARGET ${target} PROPERTY FABRIC_RMA_VERSIONS "${ARG_RMA_VERSIONS}")
+  set_property(TARGET ${target} PROPERTY FABRIC_GIN_VERSIONS "${ARG_GIN_VERSIONS}")
   add_dependencies(${target} fabric_codegen)
 endfunction()

@@ -204,11 +204,14 @@ static fab_result connect_args(void** handles, int nranks, int rank, void* liste
   return FAB_OK;
 }
 
-fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, void* listen_comm, void** coll) {
+fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
+                            void** coll) {
   (void)ctx; /* NCCL passes its net context here, not the RMA one listen got: the listen comm's context owns it */
   fab_listener* l = NULL;
   fab_result rc = connect_args(handles, nranks, rank, listen_comm, coll, &l);
   if (rc != FAB_OK) return rc;
+  if (n_contexts < 1 || n_contexts > FAB_COLL_MAX_CONTEXTS)
+    return fab_bad_argument("connect", "nConnections", n_contexts, "1..256");
   fab_coll* g = calloc(1, sizeof(*g));
   fab_coll_peer* peers = calloc((size_t)nranks, sizeof(*peers));
   if (!g || !peers) {
@@ -224,6 +227,7 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
   g->dev = l->dev;
   g->target_ep = l->ep;
   g->token = (uint32_t)fab_random64();
+  g->own_contexts = n_contexts;
   pthread_mutex_init(&g->lock, NULL);
   pthread_mutex_init(&g->xchg_lock, NULL);
   fab_list_init(&g->ctxs);

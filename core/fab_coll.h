@@ -137,6 +137,7 @@ struct fab_coll {
   fab_list free_reqs;
   fab_list chunks;
   fab_list ctxs;         /* live contexts */
+  int own_contexts;      /* contexts the comm stands for itself (GIN v11/v12) */
   _Atomic int failed;    /* a peer or the group failed: every call after returns the error */
   char why[192];
 };

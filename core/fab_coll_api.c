@@ -83,7 +83,10 @@ fab_result fab_rma_destroy_context(void* rma_ctx) {
 static fab_coll* ctx_coll(void* rma_ctx, const char* fn) {
   fab_coll_ctx* x = fab_obj_get(rma_ctx, FAB_OBJ_COLL_CTX);
   if (x) return x->coll;
-  FAB_WARN("%s: %p is not a live RMA context; pass what createContext returned", fn, rma_ctx);
+  fab_coll* g = fab_obj_get(rma_ctx, FAB_OBJ_COLL); /* GIN v11/v12 pass the comm itself */
+  if (g) return g;
+  FAB_WARN("%s: %p is not a live RMA context or collective comm; pass what createContext (or connect) returned", fn,
+           rma_ctx);
   return NULL;
 }
 

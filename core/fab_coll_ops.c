@@ -328,12 +328,14 @@ static fab_result resolve(void* rma_ctx, int context, uint32_t rank, void** requ
   if (!request) return fab_bad_argument(fn, "request", 0, "a non-NULL pointer");
   *request = NULL;
   fab_coll_ctx* x = fab_obj_get(rma_ctx, FAB_OBJ_COLL_CTX);
-  if (!x) {
-    FAB_WARN("%s: %p is not a live RMA context; pass what createContext returned", fn, rma_ctx);
+  fab_coll* g = x ? x->coll : fab_obj_get(rma_ctx, FAB_OBJ_COLL); /* GIN v11/v12 pass the comm itself */
+  if (!g) {
+    FAB_WARN("%s: %p is not a live RMA context or collective comm; pass what createContext (or connect) returned",
+             fn, rma_ctx);
     return FAB_ERR_INTERNAL;
   }
-  fab_coll* g = x->coll;
-  if (context < 0 || context >= x->ncontexts) return fab_bad_argument(fn, "context", context, "0..nContexts-1");
+  int ncontexts = x ? x->ncontexts : g->own_contexts;
+  if (context < 0 || context >= ncontexts) return fab_bad_argument(fn, "context", context, "0..nContexts-1");
   if (rank >= (uint32_t)g->nranks) return fab_bad_argument(fn, "rank", rank, "0..nranks-1");
   int failed = atomic_load(&g->failed);
   if (failed) {

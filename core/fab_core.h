@@ -187,8 +187,11 @@ fab_result fab_rma_init(fab_ctx** ctx, uint64_t comm_id, fab_logger_fn logger);
 fab_result fab_rma_get_properties(int dev, fab_properties* props);
 /* Collective and blocking: every rank calls it with all ranks' listen
  * handles; returns once every peer is connected. ctx is ignored (NCCL passes
- * its net context): the listen comm's context owns the group. */
-fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, void* listen_comm, void** coll);
+ * its net context): the listen comm's context owns the group. n_contexts:
+ * the contexts the comm itself stands for where an ABI passes the comm in
+ * place of a context (GIN v11/v12; v12's connectionId picks one). */
+fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
+                            void** coll);
 fab_result fab_coll_rma_properties(void* coll, fab_rma_properties* props);
 /* config may be NULL (one context). dev_handle (GIN v13 layout) may be NULL;
  * a proxy plugin writes NULL there. */
@@ -203,7 +206,9 @@ fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_
 fab_result fab_reg_mr_sym_dmabuf(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
                                  uint64_t mr_flags, void** mhandle, void** gin_handle);
 fab_result fab_dereg_mr_sym(void* coll, void* mhandle);
-/* Every operation returns a request to test (never NULL on success). */
+/* rma_ctx: a context from createContext, or the collective comm itself (its
+ * own n_contexts). Every operation returns a request to test (never NULL on
+ * success). */
 fab_result fab_rma_iput(void* rma_ctx, int context, uint64_t src_off, void* src_mhandle, size_t size,
                         uint64_t dst_off, void* dst_mhandle, uint32_t rank, uint32_t opt_flags, void** request);
 /* size 0 with NULL src/dst handles: the signal alone. */

@@ -206,16 +206,23 @@ class Spec:
             if str(v) not in rel.data:
                 raise rel.error(f"no NCCL releases given for version {v}")
             releases[v] = rel.get(str(v), str)
-        export = node.get("export", bool, False)
+        export = node.get("export", (bool, list), False)
+        if isinstance(export, list):
+            if not export or any(v not in versions for v in export):
+                raise node.error(f"export lists versions the family does not describe (have: {versions})", "export")
+            exported = set(export)
+        else:
+            exported = set(versions) if export else set()
         handle = node.get("handle_size", (int, str))
         fam = Family(node.get("name", str), node.get("title", str), versions, node.get("table", str),
-                     node.get("symbol", str), node.get("header", str), export, node.get("plugin_name", str, ""),
-                     None, releases, node.get("status", str, "exported" if export else ""),
+                     node.get("symbol", str), node.get("header", str), bool(exported), node.get("plugin_name", str, ""),
+                     None, releases, node.get("status", str, "exported" if exported == set(versions) else ""),
                      node.get("doc", str, ""), node.file, node)
-        if export and not fam.plugin_name:
+        fam.export_versions = exported
+        if exported and not fam.plugin_name:
             raise node.error("an exported family needs plugin_name (the table's name string)")
-        if not export and not fam.status:
-            raise node.error("a family that is not exported needs 'status' saying why")
+        if exported != set(versions) and not fam.status:
+            raise node.error("a family with versions that are not exported needs 'status' saying why")
         fam._handle = handle
         fam.api = node.get("api", str, "fab_api")
         for other in self.families:
@@ -500,7 +507,8 @@ class Spec:
             conv = ad.conv.at(v, "conversion") if ad.conv else None
             args.append(ArgInst(ad, ad.name, t, conv, ad.node))
         core = None
-        if sd.core is not None:
+        exported = v in fam.export_versions
+        if sd.core is not None and (exported or any(r is None or v in r for r, _ in sd.core.entries)):
             name = sd.core.at(v, "core function")
             if name == "null":
                 core = "null"
@@ -508,7 +516,7 @@ class Spec:
                 raise sd.node.error(f"'{name}' is not a function of [core.function] (or \"null\")", "core")
             else:
                 core = self.core.functions[name]
-        elif fam.export:
+        elif exported:
             raise sd.node.error(f"missing conversion: slot '{sd.name}' of exported {fam.table.replace('{v}', str(v))} "
                                 "names no core function (core = \"fab_...\" or \"null\")")
         return SlotInst(sd, sd.name, index, None, ret, args, core)

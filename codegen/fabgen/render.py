@@ -166,9 +166,9 @@ def _exported(spec, shared_file):
     outs, exports = [], []
     core_file = spec.core.file
     for fam in spec.families:
-        if not fam.export:
-            continue
         for v, table in fam.tables.items():
+            if v not in fam.export_versions:
+                continue
             srcs = [fam.file, shared_file, core_file]
             shims = [fn.shim_function(spec, table, s) for s in table.slots if s.core not in (None, "null")]
             outs.append(Output("out", f"shims/fab_shim_{fam.key}_v{v}.c", "shim.c.j2", srcs, dict(

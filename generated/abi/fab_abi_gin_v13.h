@@ -2,7 +2,7 @@
 /*
  * NCCL GIN v13: ncclGin_v13_t, looked up as "ncclGinPlugin_v13".
  * NCCL releases: 2.30.3 –.
- * Status: layout-checked; not exported until its transport exists.
+ * Status: layout-checked; not exported: a device backend (GDAKI, EFA-GDA) needs NIC hardware this plugin does not drive, and NCCL 2.30.7+ runs proxy GIN over the RMA tables.
  */
 #ifndef FAB_GENERATED_FAB_ABI_GIN_V13_H
 #define FAB_GENERATED_FAB_ABI_GIN_V13_H

@@ -2,7 +2,7 @@
 /*
  * NCCL GIN v14: ncclGin_v14_t, looked up as "ncclGinPlugin_v14".
  * NCCL releases: 2.30.7 –.
- * Status: layout-checked; not exported until its transport exists.
+ * Status: layout-checked; not exported: a device backend (GDAKI, EFA-GDA) needs NIC hardware this plugin does not drive, and NCCL 2.30.7+ runs proxy GIN over the RMA tables.
  */
 #ifndef FAB_GENERATED_FAB_ABI_GIN_V14_H
 #define FAB_GENERATED_FAB_ABI_GIN_V14_H

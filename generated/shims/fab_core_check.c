@@ -129,7 +129,7 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_init), fab_result (*)(fab_ctx**
                "abi/core.toml: fab_rma_init differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_get_properties), fab_result (*)(int, fab_properties*)),
                "abi/core.toml: fab_rma_get_properties differs from fab_core.h");
-_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_connect), fab_result (*)(fab_ctx*, void**, int, int, void*, void**)),
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_connect), fab_result (*)(fab_ctx*, void**, int, int, int, void*, void**)),
                "abi/core.toml: fab_coll_connect differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_rma_properties), fab_result (*)(void*, fab_rma_properties*)),
                "abi/core.toml: fab_coll_rma_properties differs from fab_core.h");

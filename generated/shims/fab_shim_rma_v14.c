@@ -57,7 +57,7 @@ static ncclResult_t rma_v14_listen(void* ctx, int dev, void* handle, void** list
 }
 
 static ncclResult_t rma_v14_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm) {
-  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, listenComm, collComm);
+  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm);
 }
 
 static ncclResult_t rma_v14_createContext(void* collComm, ncclRmaConfig_v14_t* config, void** rmaCtx) {

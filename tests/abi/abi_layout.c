@@ -62,6 +62,7 @@ Test(abi_layout, driver_registry_matches_tables) {
       cr_expect_eq(d->slots[s].offset, (size_t)s * sizeof(void*), "%s.%s", d->symbol, d->slots[s].name);
     cr_expect_eq(fab_driver_find(d->symbol), d);
   }
-  cr_expect_null(fab_driver_find("ncclGinPlugin_v11"), "GIN has no driver until it is exported");
+  cr_expect_not_null(fab_driver_find("ncclGinPlugin_v11"), "GIN v11 is exported (proxy mode)");
+  cr_expect_null(fab_driver_find("ncclGinPlugin_v13"), "GIN v13 (device backends) has no driver: not exported");
   cr_expect_null(fab_driver_find("ncclNetPlugin_v5"));
 }

@@ -35,8 +35,10 @@ static int expected_in(const char* versions, int version) {
 static int expected_net(int version) { return expected_in(FABRIC_EXPECTED_NET_VERSIONS, version); }
 
 static int expected(const struct fab_driver_info* d) {
-  return expected_in(strcmp(d->family, "rma") == 0 ? FABRIC_EXPECTED_RMA_VERSIONS : FABRIC_EXPECTED_NET_VERSIONS,
-                     d->version);
+  const char* versions = strcmp(d->family, "rma") == 0   ? FABRIC_EXPECTED_RMA_VERSIONS
+                         : strcmp(d->family, "gin") == 0 ? FABRIC_EXPECTED_GIN_VERSIONS
+                                                         : FABRIC_EXPECTED_NET_VERSIONS;
+  return expected_in(versions, d->version);
 }
 
 static int has_slot(const struct fab_driver_info* d, const char* name) {
@@ -60,22 +62,22 @@ Test(abi_loader, exports_exactly_the_configured_tables) {
       found++;
     } else {
       cr_expect_null(table, "%s is exported but not configured (net " FABRIC_EXPECTED_NET_VERSIONS "; rma "
-                     FABRIC_EXPECTED_RMA_VERSIONS ")", d->symbol);
+                     FABRIC_EXPECTED_RMA_VERSIONS "; gin " FABRIC_EXPECTED_GIN_VERSIONS ")", d->symbol);
     }
   }
   int wanted = 0;
-  const char* lists[] = {FABRIC_EXPECTED_NET_VERSIONS, FABRIC_EXPECTED_RMA_VERSIONS};
-  for (int l = 0; l < 2; l++)
+  const char* lists[] = {FABRIC_EXPECTED_NET_VERSIONS, FABRIC_EXPECTED_RMA_VERSIONS, FABRIC_EXPECTED_GIN_VERSIONS};
+  for (int l = 0; l < 3; l++)
     for (const char* p = lists[l]; *p; p++) wanted += (p == lists[l] || p[-1] == ',') && *p != ',';
   cr_expect_eq(found, wanted, "every configured version needs a generated driver");
 
-  static const char* const never[] = {"ncclGinPlugin_v", "ncclCollNetPlugin_v"};
-  for (size_t f = 0; f < sizeof never / sizeof never[0]; f++)
-    for (int v = 1; v <= 20; v++) {
-      char sym[64];
-      snprintf(sym, sizeof sym, "%s%d", never[f], v);
-      cr_expect_null(dlsym(lib, sym), "%s must not be exported: no GIN or collNet table is", sym);
-    }
+  for (int v = 1; v <= 20; v++) {
+    char sym[64];
+    snprintf(sym, sizeof sym, "ncclCollNetPlugin_v%d", v);
+    cr_expect_null(dlsym(lib, sym), "%s must not be exported: no collNet table is", sym);
+    snprintf(sym, sizeof sym, "ncclGinPlugin_v%d", v);
+    if (v >= 13) cr_expect_null(dlsym(lib, sym), "%s must not be exported: device GIN backends are not", sym);
+  }
   cr_expect_null(dlsym(lib, "fab_init"), "core symbols stay local");
   cr_expect_null(dlsym(lib, "fab_params_load"), "core symbols stay local");
 }
@@ -128,10 +130,14 @@ static void check_rma_driver(const struct fab_driver_info* d, void* table) {
   cr_expect_str_eq(api.name, "Fabric");
   cr_expect_eq(api.max_handle_size, 128);
   cr_expect(api.init && api.finalize && api.devices && api.get_properties && api.listen && api.connect &&
-                api.create_context && api.reg_mr_sym && api.reg_mr_sym_dmabuf && api.dereg_mr_sym &&
-                api.destroy_context && api.close_coll && api.close_listen && api.iput && api.iput_signal &&
-                api.iget && api.iflush && api.test && api.progress && api.query_last_error,
+                api.reg_mr_sym && api.reg_mr_sym_dmabuf && api.dereg_mr_sym && api.close_coll && api.close_listen &&
+                api.iput && api.iput_signal && api.test && api.progress && api.query_last_error,
             "%s: a required fab_rma_api member is NULL", d->symbol);
+  int rma = strcmp(d->family, "rma") == 0; /* GIN v11/v12 proxies have no contexts, gets or flushes */
+  cr_expect_eq(api.create_context != NULL, rma, "%s: create_context", d->symbol);
+  cr_expect_eq(api.destroy_context != NULL, rma, "%s: destroy_context", d->symbol);
+  cr_expect_eq(api.iget != NULL, rma, "%s: iget", d->symbol);
+  cr_expect_eq(api.iflush != NULL, rma, "%s: iflush", d->symbol);
   cr_expect_eq(api.get_rma_properties != NULL, has_slot(d, "getRmaProperties"), "%s: get_rma_properties",
                d->symbol);
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """nm -D --defined-only on the plugin must list exactly the configured
-ncclNetPlugin_vN and ncclRmaPlugin_vN tables: no core symbol, no GIN or
-collNet table."""
+ncclNetPlugin_vN, ncclRmaPlugin_vN and ncclGinPlugin_vN tables: no core
+symbol, no collNet table."""
 
 import argparse
 import re
@@ -14,13 +14,14 @@ def main():
     p.add_argument("--lib", required=True)
     p.add_argument("--versions", required=True, help="comma-separated net versions the build exports")
     p.add_argument("--rma-versions", default="", help="comma-separated RMA versions the build exports")
+    p.add_argument("--gin-versions", default="", help="comma-separated GIN versions the build exports")
     p.add_argument("--exports", required=True, help="generated exports/fabric_exports.cmake")
     args = p.parse_args()
 
     with open(args.exports) as f:
         text = f.read()
     want = set()
-    for fam, versions in (("NET", args.versions), ("RMA", args.rma_versions)):
+    for fam, versions in (("NET", args.versions), ("RMA", args.rma_versions), ("GIN", args.gin_versions)):
         symbols = dict(re.findall(r"set\(FABRIC_GEN_%s_SYMBOL_(\d+) (\S+)\)" % fam, text))
         for v in filter(None, versions.split(",")):
             if v not in symbols:
@@ -39,7 +40,7 @@ def main():
         for s in sorted(want - got):
             print(f"  missing:    {s}", file=sys.stderr)
         return 1
-    names = sorted(want, key=lambda s: (s.startswith("ncclRma"), int(re.sub(r"\D", "", s))))
+    names = sorted(want, key=lambda s: (s[:7], int(re.sub(r"\D", "", s))))
     print(f"{args.lib}: exports exactly {', '.join(names)}")
     return 0
 

@@ -124,7 +124,8 @@ static void open_api(rr_ctx* c) {
   c->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!c->dl) RR_FAIL("dlopen(%s): %s", path, dlerror());
   char sym[64];
-  snprintf(sym, sizeof sym, "ncclRmaPlugin_v%s", v);
+  if (strncmp(v, "gin", 3) == 0) snprintf(sym, sizeof sym, "ncclGinPlugin_v%s", v + 3); /* GIN v11/v12 */
+  else snprintf(sym, sizeof sym, "ncclRmaPlugin_v%s", v);
   void* table = dlsym(c->dl, sym);
   if (!table) RR_FAIL("%s does not export %s", path, sym);
   if (fab_driver_bind(sym, table, &c->api) != 0) RR_FAIL("no driver for %s", sym);
