@@ -47,6 +47,8 @@ void rr_phase(rr_ctx* c, const char* fmt, ...) __attribute__((format(printf, 2, 
 void rr_set_idle(void (*fn)(void* arg), void* arg);
 /* All ranks wait here (phase names the point, for a hang report). */
 void rr_barrier(rr_ctx* c, const char* phase);
+/* This rank is about to be killed on purpose: its death does not fail the run. */
+void rr_expect_death(rr_ctx* c);
 /* Shared scratch: each rank's 128-byte handle, and a 64-bit word per rank. */
 void* rr_handle(int rank);
 volatile uint64_t* rr_word(int rank);

@@ -17,9 +17,11 @@
  *  - teardown and init again in the same process.
  */
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "rma_ranks.h"
 
@@ -333,6 +335,49 @@ static void errors(rr_ctx* c, grp* g) {
   rr_barrier(c, "errors");
 }
 
+/* A target killed while puts stream into it: the source's operations end in
+ * an error (each failing test with one WARN) within the peer timeout, never a
+ * hang, and the group closes cleanly after. */
+static void peer_killed(rr_ctx* c) {
+  grp g;
+  setup(c, &g, 8u << 20);
+  if (c->rank == 1) {
+    rr_expect_death(c);
+    rr_barrier(c, "streaming");
+    usleep(20000);
+    kill(getpid(), SIGKILL);
+  }
+  rr_set_idle(NULL, NULL); /* the barrier below must not wait on a dead peer's progress */
+  rr_barrier(c, "streaming");
+  rr_phase(c, "putting into a rank being killed");
+  int64_t deadline = rr_now_ms() + TIMEOUT_MS;
+  fab_result rc = FAB_OK;
+  int warns0 = rr_warns(), failed_tests = 0;
+  rr_expect_warns(1000);
+  while (rc == FAB_OK && rr_now_ms() < deadline) {
+    void* reqs[8] = {0};
+    int n = 0;
+    for (; n < 8 && rc == FAB_OK; n++)
+      rc = c->api.iput_signal(g.rctx, 0, 0, g.src_mh, 1u << 20, 0, g.data_mh, 1, 0, g.sig_mh, 1, FAB_SIGNAL_ADD,
+                              true, 0, &reqs[n]);
+    for (int i = 0; i < n && reqs[i]; i++) {
+      int done = 0;
+      fab_result trc = FAB_OK;
+      while (!done && trc == FAB_OK && rr_now_ms() < deadline) trc = c->api.test(g.coll, reqs[i], &done);
+      if (trc != FAB_OK) {
+        failed_tests++;
+        rc = trc;
+      }
+    }
+  }
+  RR_CHECK(rc != FAB_OK, "no operation failed within %d ms of the peer's death", TIMEOUT_MS);
+  RR_CHECK(rr_warns() - warns0 >= 1, "the failure came without a WARN");
+  printf("rank 0: an operation failed after the peer was killed (result %d, %d failed tests, %d WARN lines)\n",
+         (int)rc, failed_tests, rr_warns() - warns0);
+  RR_OK(c->api.close_coll(g.coll)); /* close after a failure: no hang, no crash */
+  RR_OK(c->api.finalize(g.ctx));
+}
+
 static void body(rr_ctx* c) {
   size_t region = max_size + 4096;
   grp g;
@@ -355,15 +400,17 @@ static void body(rr_ctx* c) {
 
 int main(int argc, char** argv) {
   int nranks = 2;
+  void (*run)(rr_ctx*) = body;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--ranks") == 0) nranks = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--max-size") == 0) max_size = strtoull(argv[i + 1], NULL, 0);
+    else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "peer_killed") == 0) run = peer_killed;
     else {
-      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed]\n", argv[0]);
       return 2;
     }
   }
-  int rc = rr_run(nranks, 280, body);
+  int rc = rr_run(nranks, 280, run);
   printf("%s: %d ranks, through %s: %s\n", argv[0], nranks,
          getenv("FABRIC_TEST_RMA_API") ? getenv("FABRIC_TEST_RMA_API") : "16", rc ? "FAILED" : "passed");
   return rc;
