@@ -19,13 +19,14 @@ typedef struct coll_hello {
   uint32_t token;
   uint64_t ring_addr, ring_key, ring_len;
   uint32_t check;
-  uint32_t reserved[5];
+  uint32_t ordered; /* 1: this rank's puts are plain ordered writes (fab_coll.h) */
+  uint32_t reserved[4];
 } coll_hello;
 _Static_assert(sizeof(coll_hello) == FAB_COLL_XCHG_BYTES, "coll_hello is one exchange part");
 
 static uint32_t hello_check(const coll_hello* h) {
   return h->magic ^ (uint32_t)h->rank ^ (uint32_t)h->nranks ^ h->token ^ (uint32_t)h->ring_addr ^
-         (uint32_t)h->ring_key ^ (uint32_t)h->ring_len ^ 0x4f4c4c48u;
+         (uint32_t)h->ring_key ^ (uint32_t)h->ring_len ^ h->ordered ^ 0x4f4c4c48u;
 }
 
 static void add_ep(fab_coll* g, fab_endpoint* ep) {
@@ -95,7 +96,7 @@ static fab_result write_hellos(fab_coll* g, const char* fn) {
     if (rc != FAB_OK) return rc;
     coll_hello h = {.magic = HELLO_MAGIC, .rank = g->rank, .nranks = g->nranks, .token = g->token,
                     .ring_addr = p->ring_reg.win.addr, .ring_key = p->ring_reg.win.key,
-                    .ring_len = p->ring_reg.win.len};
+                    .ring_len = p->ring_reg.win.len, .ordered = (uint32_t)g->ordered};
     h.check = hello_check(&h);
     memcpy(fab_coll_part_out(g, r), &h, sizeof(h));
   }
@@ -115,6 +116,13 @@ static fab_result read_hellos(fab_coll* g, void** slot, const char* fn) {
       snprintf(why, sizeof(why), "a peer's hello is malformed or names rank %d of %d (we are rank %d of %d); every "
                "rank must pass the same handles and its own rank", h.rank, h.nranks, g->rank, g->nranks);
       return fab_coll_fail(g, FAB_ERR_REMOTE, fn, why);
+    }
+    if (h.ordered != (uint32_t)g->ordered) {
+      char why[192];
+      snprintf(why, sizeof(why), "rank %d %s its writes in order and this rank %s: the ranks run different "
+               "providers or plugin builds; use the same everywhere", h.rank, h.ordered ? "has" : "has not",
+               g->ordered ? "has" : "has not");
+      return fab_coll_fail(g, FAB_ERR_INVALID_USAGE, fn, why);
     }
     fab_coll_peer* p = &g->peers[h.rank];
     p->recv_h = slot[r];
@@ -228,6 +236,7 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
   g->target_ep = l->ep;
   g->token = (uint32_t)fab_random64();
   g->own_contexts = n_contexts;
+  g->ordered = l->ep->dev->ordered_writes;
   pthread_mutex_init(&g->lock, NULL);
   pthread_mutex_init(&g->xchg_lock, NULL);
   fab_list_init(&g->ctxs);

@@ -17,7 +17,10 @@
  * its number, the target tracks the prefix of its source's puts that have all
  * landed (whatever order they complete in), and a signal record
  * (fab_coll_sig) applies once that prefix covers every put its source
- * posted before it. So a signal is never visible
+ * posted before it. Where the provider places one source's writes in order
+ * (FI_ORDER_WAW granted: dev->ordered_writes), a record already lands after
+ * every earlier put, so puts are plain writes with no completion at the
+ * target at all. So a signal is never visible
  * before its own data nor before any earlier put of the same source, on any
  * provider, whatever ordering it offers (every signal is strong). Records
  * go into a ring per (target, source); the target gives slots back with
@@ -94,6 +97,7 @@ typedef struct fab_coll_peer {
   uint64_t* put_seen;          /* bit per put in [puts_landed, puts_landed + FAB_COLL_PUT_WINDOW) */
   _Atomic uint64_t puts_landed_pub; /* = puts_landed, for the acknowledging side */
   uint64_t puts_acked_sent;    /* prefix last acknowledged (coll->lock) */
+  uint64_t puts_acked_seen;    /* prefix when the last acknowledgement was flagged due (target lock) */
   uint32_t sig_next;           /* the next record to apply */
   _Atomic uint32_t sig_applied; /* = sig_next, for the acknowledging side */
   uint32_t consumed_acked;     /* applied count last acknowledged (coll->lock) */
@@ -138,7 +142,10 @@ struct fab_coll {
   fab_list chunks;
   fab_list ctxs;         /* live contexts */
   int own_contexts;      /* contexts the comm stands for itself (GIN v11/v12) */
+  int ordered;           /* the provider places our writes in order (dev->ordered_writes): puts need no
+                          * number and no completion at the target; every rank must agree */
   _Atomic int failed;    /* a peer or the group failed: every call after returns the error */
+  _Atomic int due;       /* waiting records or acknowledgements to post: progress takes the lock */
   char why[192];
 };
 

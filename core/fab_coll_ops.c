@@ -54,9 +54,14 @@ static fab_result progress_locked(fab_coll* g) {
   return fab_coll_post_waiting(g);
 }
 
+/* Polling needs no lock; posting waiting records and acknowledgements does,
+ * and is only done when something flagged it due. */
 fab_result fab_coll_progress(fab_coll* g) {
+  fab_result rc = fab_coll_poll(g);
+  if (rc != FAB_OK) return fab_coll_fail(g, rc, "rmaProgress", "its endpoint's completion queue failed");
+  if (!atomic_load_explicit(&g->due, memory_order_acquire)) return FAB_OK;
   pthread_mutex_lock(&g->lock);
-  fab_result rc = progress_locked(g);
+  rc = fab_coll_post_waiting(g);
   pthread_mutex_unlock(&g->lock);
   return rc;
 }
@@ -161,6 +166,7 @@ void fab_coll_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_e
   fab_coll_peer* p = op->owner;
   if (err) fab_coll_fail(p->coll, fab_result_from_fi(err->err), "rmaProgress", "an acknowledgement write failed");
   atomic_store_explicit(&p->ack_inflight, 0, memory_order_release);
+  atomic_store_explicit(&p->coll->due, 1, memory_order_release); /* a held-back acknowledgement may go now */
 }
 
 /* One acknowledgement write in flight per peer, carrying a count mod 2^24:
@@ -198,6 +204,8 @@ static fab_result acknowledge(fab_coll* g, fab_coll_peer* p) {
 }
 
 fab_result fab_coll_post_waiting(fab_coll* g) {
+  atomic_store_explicit(&g->due, 0, memory_order_relaxed);
+  int again = 0;
   for (int i = 0; i < g->nranks; i++) {
     fab_coll_peer* p = &g->peers[i];
     if (!p->sc) continue;
@@ -209,7 +217,9 @@ fab_result fab_coll_post_waiting(fab_coll* g) {
     }
     fab_result rc = acknowledge(g, p);
     if (rc != FAB_OK) return rc;
+    again |= !fab_list_empty(&p->waiting) || atomic_load_explicit(&p->ack_inflight, memory_order_relaxed);
   }
+  if (again) atomic_store_explicit(&g->due, 1, memory_order_release); /* come back on the next progress */
   return FAB_OK;
 }
 
@@ -259,6 +269,10 @@ static int put_landed(fab_coll_peer* p, uint32_t v) {
     p->puts_landed++;
   }
   atomic_store_explicit(&p->puts_landed_pub, p->puts_landed, memory_order_release);
+  if (p->puts_landed - p->puts_acked_seen >= FAB_COLL_PUT_WINDOW / 4) {
+    p->puts_acked_seen = p->puts_landed;
+    atomic_store_explicit(&p->coll->due, 1, memory_order_release); /* time to acknowledge the prefix */
+  }
   return 1;
 }
 
@@ -278,6 +292,7 @@ static void apply_ready(fab_coll_peer* p) {
     p->landed[slot] = 0;
     p->sig_next++;
     atomic_store_explicit(&p->sig_applied, p->sig_next, memory_order_release);
+    atomic_store_explicit(&p->coll->due, 1, memory_order_release); /* its slot goes back to the source */
   }
 }
 
@@ -400,7 +415,17 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
                            fab_coll_win* dst, uint64_t dst_off, fab_coll_win* sw, const sig_args* s) {
   fab_coll_peer* p = t->p;
   int rank = p->rank;
-  if (size) {
+  if (size && t->g->ordered) { /* placed before any later write of ours: nothing to count */
+    int64_t deadline = 0;
+    ssize_t rc;
+    do rc = fab_rma_write(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
+                          &dst->remote[rank], dst_off, &r->ops[0]);
+    while (rc == -FI_EAGAIN && again(p->sc->ep, &deadline));
+    if (rc != 0) {
+      if (sw) op_done(&r->ops[1], NULL, NULL);
+      return not_posted(r, 0, rc, sw ? "iputSignal" : "iput");
+    }
+  } else if (size) {
     int64_t deadline = 0;
     while (p->puts_posted - atomic_load_explicit(&p->puts_acked, memory_order_acquire) >= FAB_COLL_PUT_WINDOW) {
       /* the peer has not acknowledged this many puts: drive both ends' progress until it does */
@@ -428,6 +453,7 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
   r->sig.check = fab_coll_sig_check(&r->sig);
   if (fab_list_empty(&p->waiting) && ring_room(p, r->sig.seq)) return post_sig(r);
   fab_list_push(&p->waiting, &r->node); /* posted in order as the peer gives slots back */
+  atomic_store_explicit(&t->g->due, 1, memory_order_release);
   return FAB_OK;
 }
 

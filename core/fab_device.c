@@ -37,8 +37,9 @@ static uint32_t api_version(void) {
  * untagged connect requests and tagged answers. */
 #define CORE_CAPS (FI_TAGGED | FI_MSG)
 
-/* The hints for transport t; extra: FI_HMEM and/or FI_REMOTE_COMM. */
-static struct fi_info* make_hints(const char* prov, const fab_transport_ops* t, uint64_t extra) {
+/* The hints for transport t; extra: FI_HMEM and/or FI_REMOTE_COMM; order:
+ * message ordering asked on top of the transport's. */
+static struct fi_info* make_hints(const char* prov, const fab_transport_ops* t, uint64_t extra, uint64_t order) {
   struct fi_info* h = fi_allocinfo();
   if (!h) return NULL;
   int hmem = !!(extra & FI_HMEM);
@@ -49,14 +50,15 @@ static struct fi_info* make_hints(const char* prov, const fab_transport_ops* t, 
   h->domain_attr->mr_mode =
       FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR | (hmem ? FI_MR_HMEM : 0);
   h->domain_attr->cq_data_size = t->needs.cq_data_size;
-  h->tx_attr->msg_order = FI_ORDER_SAS | t->needs.msg_order;
-  h->rx_attr->msg_order = FI_ORDER_SAS | t->needs.msg_order;
+  h->tx_attr->msg_order = FI_ORDER_SAS | t->needs.msg_order | order;
+  h->rx_attr->msg_order = FI_ORDER_SAS | t->needs.msg_order | order;
   if (prov && *prov) h->fabric_attr->prov_name = strdup(prov);
   return h;
 }
 
-static struct fi_info* query(const char* prov, const fab_transport_ops* t, uint64_t extra, int* rc) {
-  struct fi_info* hints = make_hints(prov, t, extra);
+static struct fi_info* query_ordered(const char* prov, const fab_transport_ops* t, uint64_t extra, uint64_t order,
+                                    int* rc) {
+  struct fi_info* hints = make_hints(prov, t, extra, order);
   struct fi_info* info = NULL;
   if (!hints) {
     *rc = -FI_ENOMEM;
@@ -65,6 +67,10 @@ static struct fi_info* query(const char* prov, const fab_transport_ops* t, uint6
   *rc = fi_getinfo(api_version(), NULL, NULL, 0, hints, &info);
   fi_freeinfo(hints);
   return *rc ? NULL : info;
+}
+
+static struct fi_info* query(const char* prov, const fab_transport_ops* t, uint64_t extra, int* rc) {
+  return query_ordered(prov, t, extra, 0, rc);
 }
 
 /* Why an entry is unusable for transport t, or NULL when it is fine. */
@@ -253,12 +259,22 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
    * other comm's sends to that peer on a shared endpoint: a further send
    * comm to a peer gets an endpoint of its own (fab_connect.c). */
   struct fi_info* remote = query(prov, t, FI_REMOTE_COMM, &rc);
-  struct fi_info* list = hmem ? hmem : all;
+  /* Where writes can be placed in order at no cost (a provider that reaches
+   * other hosts and grants write-after-write ordering: tcp streams do), one-
+   * sided groups ask for it and need no per-put completion at the target
+   * (core/fab_coll.h). Not on intra-host providers: shm gives up its direct
+   * copy for RMA when ordering is asked. */
+  struct fi_info* ordered = (t->needs.caps & FI_RMA) && remote
+                                ? query_ordered(prov, t, hmem ? FI_HMEM | FI_REMOTE_COMM : 0, FI_ORDER_WAW, &rc)
+                                : NULL;
+  struct fi_info* list = ordered ? ordered : hmem ? hmem : all;
   for (const struct fi_info* fi = list; fi; fi = fi->next) {
     if (strcmp(fi->fabric_attr->prov_name, prov) || reject_reason(fi, t) || already_have(fi)) continue;
     if (add_device(fi, t) != 0) break;
     fab_g.devs[fab_g.nphys - 1]->local_only = remote == NULL;
+    fab_g.devs[fab_g.nphys - 1]->ordered_writes = ordered != NULL;
   }
+  fi_freeinfo(ordered);
   fi_freeinfo(remote);
   fi_freeinfo(hmem);
   fi_freeinfo(all);

@@ -123,6 +123,7 @@ typedef struct fab_device {
   int reg_host;          /* host memory is registered (FI_MR_LOCAL, or remote access needed) */
   size_t inject_size;    /* largest fi_inject / fi_inject_write */
   int local_only;        /* no FI_REMOTE_COMM: a further send comm to a peer gets its own endpoint */
+  int ordered_writes;    /* FI_ORDER_WAW asked and granted: RMA writes to a peer are placed in order */
   uint32_t prov_hash;
   fab_properties props;
   char name[FAB_NAME_MAX];
