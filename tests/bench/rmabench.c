@@ -150,7 +150,7 @@ static void raw_open(bmode* x) {
   fi_freeinfo(h);
   rc_check(fi_fabric(x->info->fabric_attr, &x->fabric, NULL), "fi_fabric");
   rc_check(fi_domain(x->fabric, x->info, &x->domain, NULL), "fi_domain");
-  struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_DATA, .size = 4096};
+  struct fi_cq_attr ca = {.format = FI_CQ_FORMAT_DATA};
   rc_check(fi_cq_open(x->domain, &ca, &x->cq, NULL), "fi_cq_open");
   struct fi_av_attr aa = {.type = FI_AV_TABLE};
   rc_check(fi_av_open(x->domain, &aa, &x->av, NULL), "fi_av_open");
@@ -285,14 +285,21 @@ static void* put(bmode* x, size_t off, size_t size, int with_signal) {
 
 /* Waits for n local completions (raw) or for each request in reqs (plugin). */
 static void complete(bmode* x, void** reqs, int n) {
+  uint64_t t0 = now_ns();
   if (x->m == M_RAW) {
     int left = n;
-    while (left > 0) left -= raw_poll(x);
+    while (left > 0) {
+      left -= raw_poll(x);
+      if (now_ns() - t0 > 60ull * 1000000000ull) die("raw: %d writes not complete after 60 s", left);
+    }
     return;
   }
   for (int i = 0; i < n; i++) {
     int done = 0;
-    while (!done) ok(x->api.test(x->coll, reqs[i], &done), "test");
+    while (!done) {
+      ok(x->api.test(x->coll, reqs[i], &done), "test");
+      if (!done && now_ns() - t0 > 60ull * 1000000000ull) die("plugin: a put not complete after 60 s");
+    }
   }
 }
 
