@@ -35,7 +35,7 @@ Test(abi_layout, tables) {
 #undef CHECK_SLOT
 }
 
-/* The facts that matter most, written out by hand (nccl-abi.md §8). */
+/* The facts that matter most, written out by hand (docs/abi-facts.md §3, §4). */
 Test(abi_layout, well_known_facts) {
   cr_expect_eq(sizeof(ncclNetProperties_v11_t), 112);
   cr_expect_eq(sizeof(ncclNetProperties_v12_t), 128);

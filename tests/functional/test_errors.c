@@ -341,7 +341,7 @@ FT_PAIR_TEST(oversize, 60) {
  * truncation, never a write past the receive buffer.
  *
  * strict (truncation_error_code): the side that reports the mismatch says
- * ncclInvalidUsage, as nccl-abi.md §6 asks for size mismatches and as the
+ * ncclInvalidUsage, as docs/abi-facts.md §2 asks for size mismatches and as the
  * engine maps FI_ETRUNC (whatever sign the provider gives it: shm reports
  * -FI_ETRUNC; the endpoint normalises it, core/fab_endpoint.c). */
 static void send_larger_body(ft_peer* peer, int strict, int RLEN, int SLEN) {
