@@ -128,12 +128,17 @@ static void op_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entr
   atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel);
 }
 
-/* An operation that could not be posted: it counts as done and failed. */
+/* An operation that could not be posted: it counts as done and failed, and
+ * test reports it (one WARN there, naming fn's operation). */
 static fab_result not_posted(fab_coll_req* r, int i, ssize_t rc, const char* fn) {
-  struct fi_cq_err_entry err = {.err = (int)-rc};
-  op_done(&r->ops[i], NULL, &err);
-  FAB_WARN("%s: posting to rank %d failed: %s", fn, r->peer->rank, fi_strerror((int)-rc));
-  return fab_result_from_fi((int)-rc);
+  fab_result res = fab_result_from_fi((int)-rc);
+  if (!atomic_exchange(&r->failed, 1)) {
+    r->result = res;
+    snprintf(r->why, sizeof(r->why), "%s to rank %d could not be posted: %s", fn, r->peer->rank,
+             fi_strerror((int)-rc));
+  }
+  op_done(&r->ops[i], NULL, NULL); /* counts as done: nothing of it is in flight */
+  return res;
 }
 
 /* -FI_EAGAIN: drive ep and retry, for at most FABRIC_PEER_TIMEOUT_MS. */
@@ -184,20 +189,21 @@ static fab_result post_ack(fab_coll* g, fab_coll_peer* p, unsigned kind, uint64_
   return fab_coll_fail(g, fab_result_from_fi((int)-rc), "rmaProgress", "posting an acknowledgement failed");
 }
 
-/* Signal slots as soon as records are applied (a source may be waiting for
- * one); the put prefix once a quarter of the window has landed. */
+/* The put prefix once a quarter of the window has landed (first: it is rare,
+ * and a stream of signals must not starve it), else signal slots as soon as
+ * records are applied (a source may be waiting for one). */
 static fab_result acknowledge(fab_coll* g, fab_coll_peer* p) {
   if (atomic_load_explicit(&p->ack_inflight, memory_order_acquire)) return FAB_OK;
-  uint32_t applied = atomic_load_explicit(&p->sig_applied, memory_order_acquire);
-  if (applied != p->consumed_acked) {
-    fab_result rc = post_ack(g, p, FAB_COLL_ACK, applied);
-    if (rc == FAB_OK) p->consumed_acked = applied;
-    return rc == FAB_ERR_INTERNAL ? FAB_OK : rc;
-  }
   uint64_t landed = atomic_load_explicit(&p->puts_landed_pub, memory_order_acquire);
   if (landed - p->puts_acked_sent >= FAB_COLL_PUT_WINDOW / 4) {
     fab_result rc = post_ack(g, p, FAB_COLL_ACK_PUTS, landed);
     if (rc == FAB_OK) p->puts_acked_sent = landed;
+    return rc == FAB_ERR_INTERNAL ? FAB_OK : rc;
+  }
+  uint32_t applied = atomic_load_explicit(&p->sig_applied, memory_order_acquire);
+  if (applied != p->consumed_acked) {
+    fab_result rc = post_ack(g, p, FAB_COLL_ACK, applied);
+    if (rc == FAB_OK) p->consumed_acked = applied;
     return rc == FAB_ERR_INTERNAL ? FAB_OK : rc;
   }
   return FAB_OK;

@@ -11,6 +11,8 @@
  *    signal is visible only once all 200 are in;
  *  - burst: 300 signal-only puts per peer held at once (more than a signal
  *    ring holds: slots come back while they wait);
+ *  - stream: 3 x 65536 puts to the next rank, more than a target tracks
+ *    unacknowledged (where puts are counted), then a signal;
  *  - flush: iflush after puts completes only once they have;
  *  - errors (rank 0): windows, ranks, contexts, handles, signal arguments,
  *    a deregistered window, a bogus request: each an error and one WARN;
@@ -257,6 +259,34 @@ static void burst(rr_ctx* c, grp* g) {
   rr_barrier(c, "burst");
 }
 
+/* --- stream: more puts than a target's put window, acknowledged as they land ---------------- */
+
+enum { STREAM_PUTS = 3 * 65536, STREAM_WINDOW = 64 };
+
+static void stream(rr_ctx* c, grp* g) {
+  if (c->nranks < 2) return;
+  int d = (c->rank + 1) % c->nranks, s = (c->rank + c->nranks - 1) % c->nranks;
+  uint64_t base = load_sig(sig_word(c, g, s, 0));
+  rr_barrier(c, "stream start");
+  rr_phase(c, "stream: %d puts to rank %d", STREAM_PUTS, d);
+  static void* reqs[STREAM_WINDOW];
+  for (int j = 0; j < STREAM_PUTS; j++) {
+    int k = j % STREAM_WINDOW;
+    if (j >= STREAM_WINDOW) wait_req(c, g, reqs[k], "stream put");
+    uint64_t off = (uint64_t)(j % 1024) * 8;
+    RR_OK(c->api.iput(g->rctx, 0, off, g->src_mh, 8, (uint64_t)c->rank * g->region + off, g->data_mh, (uint32_t)d, 0,
+                      &reqs[k]));
+  }
+  for (int j = 0; j < STREAM_WINDOW; j++) wait_req(c, g, reqs[j], "stream put");
+  void* sreq = NULL;
+  RR_OK(c->api.iput_signal(g->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)d, sig_off(c, c->rank, 0), g->sig_mh, 1,
+                           FAB_SIGNAL_INC, true, 0, &sreq));
+  wait_req(c, g, sreq, "stream signal");
+  rr_phase(c, "stream: signal from rank %d", s);
+  wait_sig(c, g, sig_word(c, g, s, 0), base + 1, "stream signal");
+  rr_barrier(c, "stream");
+}
+
 /* --- flush -------------------------------------------------------------------------------- */
 
 static void flush(rr_ctx* c, grp* g) {
@@ -386,6 +416,7 @@ static void body(rr_ctx* c) {
   get(c, &g);
   strong(c, &g);
   burst(c, &g);
+  stream(c, &g);
   flush(c, &g);
   errors(c, &g);
   teardown(c, &g);
