@@ -16,6 +16,7 @@
  *  - flush: iflush after puts completes only once they have;
  *  - errors (rank 0): windows, ranks, contexts, handles, signal arguments,
  *    a deregistered window, a bogus request: each an error and one WARN;
+ *    and at teardown every rank checks the guard pages around its window;
  *  - teardown and init again in the same process.
  */
 #include <limits.h>
@@ -27,7 +28,7 @@
 
 #include "rma_ranks.h"
 
-enum { NCTX = 2, STRONG_PUTS = 200, BURST = 300, CHUNK = 4096, TIMEOUT_MS = 60000 };
+enum { NCTX = 2, STRONG_PUTS = 200, BURST = 300, CHUNK = 4096, TIMEOUT_MS = 60000, GUARD = 4096 };
 
 static size_t max_size = 64u << 20;
 
@@ -37,6 +38,7 @@ typedef struct grp {
   void* rctx;
   size_t region;    /* per source rank, in the data window */
   unsigned char* data; /* nranks regions: rank s writes into region s */
+  unsigned char* data_alloc; /* data with a guard page on each side */
   unsigned char* src;  /* one region: what this rank sends, and where gets land */
   uint64_t* sig;    /* nranks * NCTX words */
   void *data_mh, *src_mh, *sig_mh;
@@ -118,13 +120,17 @@ static void setup(rr_ctx* c, grp* g, size_t region) {
     g->rctx = g->coll; /* GIN v11/v12: the comm stands for its connections (contexts) */
   }
   g->region = region;
-  g->data = aligned_alloc(4096, region * (size_t)c->nranks);
+  /* the data window sits between two guard pages that nothing may write */
+  g->data_alloc = aligned_alloc(4096, region * (size_t)c->nranks + 2 * GUARD);
+  g->data = g->data_alloc ? g->data_alloc + GUARD : NULL;
   g->src = aligned_alloc(4096, region);
   g->sig = aligned_alloc(4096, 4096);
   RR_CHECK(g->data && g->src && g->sig, "out of memory");
   idle_c = c;
   rr_set_idle(idle, g);
   memset(g->data, 0, region * (size_t)c->nranks);
+  memset(g->data_alloc, 0xa5, GUARD);
+  memset(g->data + region * (size_t)c->nranks, 0xa5, GUARD);
   memset(g->sig, 0, 4096);
   rr_phase(c, "regMrSym");
   RR_OK(c->api.reg_mr_sym(g->coll, g->data, region * (size_t)c->nranks, FAB_PTR_HOST, 0, &g->data_mh, NULL));
@@ -143,7 +149,11 @@ static void teardown(rr_ctx* c, grp* g) {
   rr_barrier(c, "deregistered");
   RR_OK(c->api.close_coll(g->coll));
   RR_OK(c->api.finalize(g->ctx));
-  free(g->data);
+  for (size_t i = 0; i < GUARD; i++) {
+    RR_CHECK(g->data_alloc[i] == 0xa5, "byte %zu before the data window was written", GUARD - i);
+    RR_CHECK(g->data[g->region * (size_t)c->nranks + i] == 0xa5, "byte %zu after the data window was written", i);
+  }
+  free(g->data_alloc);
   free(g->src);
   free(g->sig);
 }
