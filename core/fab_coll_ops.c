@@ -302,6 +302,13 @@ static void apply_ready(fab_coll_peer* p) {
   }
 }
 
+/* How far a 24-bit acknowledged count v is ahead of what we hold (negative:
+ * an older acknowledgement, dispatched after a newer one). */
+static int32_t ack_delta(uint32_t v, uint32_t acked) {
+  uint32_t d = (v - acked) & 0xffffff;
+  return d & 0x800000 ? (int32_t)d - 0x1000000 : (int32_t)d;
+}
+
 void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
   fab_coll_peer* p = rc->onesided_arg;
   if (!p || p->bad[0] || atomic_load(&p->coll->failed)) return;
@@ -317,19 +324,21 @@ void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
       apply_ready(p);
       return;
     case FAB_COLL_ACK: {
+      /* threads that read one CQ may dispatch its entries in any order: an
+       * acknowledgement older than one already seen changes nothing */
       uint32_t acked = atomic_load_explicit(&p->sig_acked, memory_order_relaxed);
-      uint32_t delta = (v - acked) & 0xffffff;
+      int32_t delta = ack_delta(v, (uint32_t)acked);
       uint32_t sent = atomic_load_explicit(&p->sig_seq, memory_order_relaxed);
-      if (delta > FAB_COLL_RING || (int32_t)(sent - (acked + delta)) < 0)
+      if (delta > FAB_COLL_RING || (delta > 0 && (int32_t)(sent - (acked + (uint32_t)delta)) < 0))
         return bad_peer(p, "an acknowledgement of signals never sent");
-      atomic_store_explicit(&p->sig_acked, acked + delta, memory_order_release);
+      if (delta > 0) atomic_store_explicit(&p->sig_acked, acked + (uint32_t)delta, memory_order_release);
       return;
     }
     case FAB_COLL_ACK_PUTS: {
       uint64_t acked = atomic_load_explicit(&p->puts_acked, memory_order_relaxed);
-      uint64_t delta = (v - acked) & 0xffffff;
+      int32_t delta = ack_delta(v, (uint32_t)acked);
       if (delta > FAB_COLL_PUT_WINDOW) return bad_peer(p, "an acknowledgement of puts never sent");
-      atomic_store_explicit(&p->puts_acked, acked + delta, memory_order_release);
+      if (delta > 0) atomic_store_explicit(&p->puts_acked, acked + (uint64_t)delta, memory_order_release);
       return;
     }
     default:

@@ -20,7 +20,9 @@
  *  - teardown and init again in the same process.
  */
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -418,6 +420,68 @@ static void peer_killed(rr_ctx* c) {
   RR_OK(c->api.finalize(g.ctx));
 }
 
+/* NCCL's shape: a proxy thread streams puts with signals and drives progress
+ * while the main thread registers and deregisters windows (collectively) on
+ * the same group. Every signal arrives, with its data, and every
+ * registration round completes. */
+enum { THREAD_PUTS = 20000, THREAD_WINDOW = 16, THREAD_REGS = 40 };
+
+typedef struct proxy_arg {
+  rr_ctx* c;
+  grp* g;
+  _Atomic int done;
+} proxy_arg;
+
+static void* proxy(void* arg) {
+  proxy_arg* a = arg;
+  rr_ctx* c = a->c;
+  grp* g = a->g;
+  int d = (c->rank + 1) % c->nranks;
+  void* reqs[THREAD_WINDOW] = {0};
+  for (int j = 0; j < THREAD_PUTS; j++) {
+    int k = j % THREAD_WINDOW;
+    if (reqs[k]) wait_req(c, g, reqs[k], "proxy put");
+    uint64_t off = (uint64_t)(j % 64) * 4096;
+    RR_OK(c->api.iput_signal(g->rctx, 0, off, g->src_mh, 4096, (uint64_t)c->rank * g->region + off, g->data_mh,
+                             (uint32_t)d, sig_off(c, c->rank, 0), g->sig_mh, 1, FAB_SIGNAL_ADD, true, 0, &reqs[k]));
+  }
+  for (int k = 0; k < THREAD_WINDOW; k++)
+    if (reqs[k]) wait_req(c, g, reqs[k], "proxy put");
+  atomic_store(&a->done, 1);
+  return NULL;
+}
+
+static void threads(rr_ctx* c) {
+  grp g;
+  setup(c, &g, 1u << 20);
+  fill(g.src, 64 * 4096, 4242u + (unsigned)c->rank);
+  rr_barrier(c, "threads start");
+  proxy_arg a = {.c = c, .g = &g};
+  pthread_t t;
+  RR_CHECK(pthread_create(&t, NULL, proxy, &a) == 0, "pthread_create");
+  unsigned char* tmp = aligned_alloc(4096, 65536);
+  RR_CHECK(tmp, "out of memory");
+  for (int i = 0; i < THREAD_REGS; i++) {
+    rr_phase(c, "threads: registration %d while the proxy thread puts", i);
+    void* mh = NULL;
+    RR_OK(c->api.reg_mr_sym(g.coll, tmp, 65536, FAB_PTR_HOST, 0, &mh, NULL));
+    RR_OK(c->api.dereg_mr_sym(g.coll, mh));
+  }
+  free(tmp);
+  int s = (c->rank + c->nranks - 1) % c->nranks;
+  rr_phase(c, "threads: waiting for rank %d's signals", s);
+  uint64_t* w = sig_word(c, &g, s, 0);
+  int64_t deadline = rr_now_ms() + TIMEOUT_MS;
+  while (load_sig(w) < THREAD_PUTS && rr_now_ms() < deadline) /* as NCCL's proxy keeps calling rmaProgress */
+    RR_OK(c->api.progress(g.rctx));
+  RR_CHECK(load_sig(w) == THREAD_PUTS, "%llu signals of %d", (unsigned long long)load_sig(w), THREAD_PUTS);
+  check_bytes(c, g.data + (size_t)s * g.region, 64 * 4096, 4242u + (unsigned)s, "data behind the last signal");
+  while (!atomic_load(&a.done)) RR_OK(c->api.progress(g.rctx));
+  pthread_join(t, NULL);
+  rr_barrier(c, "threads");
+  teardown(c, &g);
+}
+
 static void body(rr_ctx* c) {
   size_t region = max_size + 4096;
   grp g;
@@ -446,8 +510,9 @@ int main(int argc, char** argv) {
     if (strcmp(argv[i], "--ranks") == 0) nranks = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--max-size") == 0) max_size = strtoull(argv[i + 1], NULL, 0);
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "peer_killed") == 0) run = peer_killed;
+    else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "threads") == 0) run = threads;
     else {
-      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed|threads]\n", argv[0]);
       return 2;
     }
   }

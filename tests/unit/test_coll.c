@@ -228,6 +228,19 @@ Test(coll, put_acknowledgements) {
   expect_refused("an acknowledgement of puts past the window");
 }
 
+Test(coll, acknowledgements_out_of_order) {
+  /* two threads reading the CQ may dispatch a newer acknowledgement first */
+  atomic_store(&fx->peers[1].sig_seq, 40);
+  landed(FAB_COLL_ACK, 30);
+  landed(FAB_COLL_ACK, 10);
+  cr_expect_eq(atomic_load(&fx->peers[1].sig_acked), 30, "an older acknowledgement moved the count back");
+  landed(FAB_COLL_ACK_PUTS, 30000);
+  landed(FAB_COLL_ACK_PUTS, 10000);
+  cr_expect_eq(atomic_load(&fx->peers[1].puts_acked), 30000);
+  cr_expect_eq(ut_warns(), 0);
+  cr_expect_eq(atomic_load(&fx->g.failed), 0);
+}
+
 Test(coll, acknowledgement_within_what_was_sent) {
   atomic_store(&fx->peers[1].sig_seq, 10);
   landed(FAB_COLL_ACK, 4);
