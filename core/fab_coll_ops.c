@@ -191,22 +191,29 @@ static fab_result post_ack(fab_coll* g, fab_coll_peer* p, unsigned kind, uint64_
 
 /* The put prefix once a quarter of the window has landed (first: it is rare,
  * and a stream of signals must not starve it), else signal slots as soon as
- * records are applied (a source may be waiting for one). */
-static fab_result acknowledge(fab_coll* g, fab_coll_peer* p) {
-  if (atomic_load_explicit(&p->ack_inflight, memory_order_acquire)) return FAB_OK;
+ * records are applied (a source may be waiting for one). *pending: an
+ * acknowledgement is still owed (one in flight, or the provider said "not
+ * now"): the caller must come back, since nothing else will flag it due
+ * again while the source waits for it. */
+static fab_result acknowledge(fab_coll* g, fab_coll_peer* p, int* pending) {
+  if (atomic_load_explicit(&p->ack_inflight, memory_order_acquire)) {
+    *pending = 1;
+    return FAB_OK;
+  }
   uint64_t landed = atomic_load_explicit(&p->puts_landed_pub, memory_order_acquire);
-  if (landed - p->puts_acked_sent >= FAB_COLL_PUT_WINDOW / 4) {
-    fab_result rc = post_ack(g, p, FAB_COLL_ACK_PUTS, landed);
-    if (rc == FAB_OK) p->puts_acked_sent = landed;
-    return rc == FAB_ERR_INTERNAL ? FAB_OK : rc;
-  }
   uint32_t applied = atomic_load_explicit(&p->sig_applied, memory_order_acquire);
-  if (applied != p->consumed_acked) {
-    fab_result rc = post_ack(g, p, FAB_COLL_ACK, applied);
+  fab_result rc = FAB_OK;
+  if (landed - p->puts_acked_sent >= FAB_COLL_PUT_WINDOW / 4) {
+    rc = post_ack(g, p, FAB_COLL_ACK_PUTS, landed);
+    if (rc == FAB_OK) p->puts_acked_sent = landed;
+  } else if (applied != p->consumed_acked) {
+    rc = post_ack(g, p, FAB_COLL_ACK, applied);
     if (rc == FAB_OK) p->consumed_acked = applied;
-    return rc == FAB_ERR_INTERNAL ? FAB_OK : rc;
+  } else {
+    return FAB_OK;
   }
-  return FAB_OK;
+  *pending = 1; /* the one posted (or refused for now); another may follow it */
+  return rc == FAB_ERR_INTERNAL ? FAB_OK : rc;
 }
 
 fab_result fab_coll_post_waiting(fab_coll* g) {
@@ -221,9 +228,10 @@ fab_result fab_coll_post_waiting(fab_coll* g) {
       fab_list_del(&r->node);
       post_sig(r); /* a failure is the request's */
     }
-    fab_result rc = acknowledge(g, p);
+    int owed = 0;
+    fab_result rc = acknowledge(g, p, &owed);
     if (rc != FAB_OK) return rc;
-    again |= !fab_list_empty(&p->waiting) || atomic_load_explicit(&p->ack_inflight, memory_order_relaxed);
+    again |= owed || !fab_list_empty(&p->waiting);
   }
   if (again) atomic_store_explicit(&g->due, 1, memory_order_release); /* come back on the next progress */
   return FAB_OK;
