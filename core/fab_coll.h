@@ -158,7 +158,7 @@ typedef struct fab_coll_ctx {
   fab_list node; /* coll->ctxs */
 } fab_coll_ctx;
 
-enum { FAB_COLL_REQ_FREE = 0, FAB_COLL_REQ_ACTIVE = 1, FAB_COLL_REQ_WAITING = 2 };
+enum { FAB_COLL_REQ_FREE = 0, FAB_COLL_REQ_ACTIVE = 1, FAB_COLL_REQ_ABANDONED = 2 }; /* abandoned: failed, kept out of the pool until close */
 
 typedef struct fab_coll_req {
   uint32_t magic;

@@ -9,7 +9,7 @@
 #include "fab_req.h"
 #include "rdma/rd_proto.h"
 
-enum { REQ_MAGIC = 0x52524551, REQ_ABANDONED = 3 };
+enum { REQ_MAGIC = 0x52524551 };
 
 typedef struct req_chunk {
   fab_list node;
@@ -608,7 +608,7 @@ static int complete(fab_coll_req* r) {
  * provider may still complete its operations) until the group closes. */
 static fab_result abandon(fab_coll_req* r, fab_result rc, const char* why) {
   FAB_WARN("test: an RMA request to rank %d failed: %s", r->peer ? r->peer->rank : -1, why);
-  r->state = REQ_ABANDONED;
+  r->state = FAB_COLL_REQ_ABANDONED;
   return rc;
 }
 
