@@ -87,6 +87,22 @@ static const char* reject_reason(const struct fi_info* fi, const fab_transport_o
   return NULL;
 }
 
+/* Whether a write completes before the peer holds its data. Providers over
+ * kernel sockets (tcp, sockets) report a write complete once it is in the
+ * local socket: an endpoint closed right after, with unread bytes from the
+ * peer, resets the connection and the queued bytes are lost, so the peer's
+ * receive never completes. There a write asks for delivery completion (the
+ * peer's provider acknowledges it). Hardware providers complete a write on
+ * the peer's acknowledgement already; intra-host ones place it directly. */
+static uint64_t write_flags(const char* prov) {
+  int want = fab_g.params.delivery_complete;
+  if (want < 0) {
+    size_t n = strcspn(prov, ";");
+    want = (n == 3 && !strncmp(prov, "tcp", 3)) || (n == 7 && !strncmp(prov, "sockets", 7));
+  }
+  return want ? FI_DELIVERY_COMPLETE : 0;
+}
+
 static void fill_pci_path(fab_device* d, const struct fi_info* fi) {
   if (!fi->nic || !fi->nic->bus_attr || fi->nic->bus_attr->bus_type != FI_BUS_PCI) return;
   const struct fi_pci_attr* p = &fi->nic->bus_attr->attr.pci;
@@ -157,6 +173,7 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t) {
   d->reg_host = d->mr_local || t->needs.reg_host;
   d->inject_size = fi->tx_attr->inject_size;
   const char* prov = fi->fabric_attr->prov_name;
+  d->write_flags = write_flags(prov);
   d->prov_hash = (uint32_t)fab_fnv1a(FAB_FNV_SEED, prov, strlen(prov));
   snprintf(d->name, sizeof(d->name), "%s", fi->domain_attr->name ? fi->domain_attr->name : prov);
   fill_pci_path(d, fi);
@@ -165,8 +182,9 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t) {
   fab_g.nphys = idx + 1;
   atomic_store(&fab_g.ndevs, idx + 1);
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
-           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s, maxP2pBytes %zu, pci %s",
+           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s, maxP2pBytes %zu, pci %s",
            idx, prov, d->name, d->ops->name, d->tags.bits, fi->domain_attr->mr_mode, d->hmem ? ", FI_HMEM" : "",
+           d->write_flags ? ", writes complete on delivery" : "",
            d->props.max_p2p_bytes, d->pci_path ? d->pci_path : "(none)");
   return 0;
 }

@@ -124,6 +124,7 @@ typedef struct fab_device {
   size_t inject_size;    /* largest fi_inject / fi_inject_write */
   int local_only;        /* no FI_REMOTE_COMM: a further send comm to a peer gets its own endpoint */
   int ordered_writes;    /* FI_ORDER_WAW asked and granted: RMA writes to a peer are placed in order */
+  uint64_t write_flags;  /* FI_DELIVERY_COMPLETE where a write would complete before the peer holds it */
   uint32_t prov_hash;
   fab_properties props;
   char name[FAB_NAME_MAX];

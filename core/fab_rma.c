@@ -3,15 +3,36 @@
 
 #include <stdlib.h>
 
+/* A write where the device asks for a completion level (dev->write_flags:
+ * delivery, where the provider would complete it from a socket buffer, so
+ * that a sender closing right after its sends completed loses nothing).
+ * Writes up to the inject size go inline with local completion instead: the
+ * provider sends them at once, and for two-sided messages what can be
+ * outstanding is bounded by the receiver's announcements (512 per comm of at
+ * most 64 bytes on tcp), within a socket's window, so they are not left
+ * queued behind a window the peer stopped reading. (One-sided puts of that
+ * size are not bounded so: docs/known-bugs.md.) */
+static ssize_t write_msg(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
+                         const fab_window* w, uint64_t off, uint64_t data, uint64_t flags, fab_op* op) {
+  struct iovec iov = {.iov_base = (void*)buf, .iov_len = len};
+  struct fi_rma_iov rma = {.addr = w->addr + off, .len = len, .key = w->key};
+  struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = peer, .rma_iov = &rma,
+                           .rma_iov_count = 1, .context = &op->ctx, .data = data};
+  uint64_t level = len <= ep->dev->inject_size ? FI_INJECT : ep->dev->write_flags;
+  return fi_writemsg(ep->ep, &msg, flags | FI_COMPLETION | level);
+}
+
 ssize_t fab_rma_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                           const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
+  if (ep->dev->write_flags) return write_msg(ep, peer, buf, len, desc, w, off, data, FI_REMOTE_CQ_DATA, op);
   return fi_writedata(ep->ep, buf, len, desc, data, peer, w->addr + off, w->key, &op->ctx);
 }
 
 ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                       const fab_window* w, uint64_t off, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
+  if (ep->dev->write_flags) return write_msg(ep, peer, buf, len, desc, w, off, 0, 0, op);
   return fi_write(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
 }
 

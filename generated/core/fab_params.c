@@ -20,6 +20,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->peer_timeout_ms = 30000;
   params->local_send_endpoints = 16;
   snprintf(params->transport, sizeof params->transport, "%s", "auto");
+  params->delivery_complete = -1;
   params->eager_max = 0u;
 }
 
@@ -159,6 +160,19 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       memcpy(params->transport, s, strlen(s) + 1);
+    }
+  }
+
+  if ((s = getenv("FABRIC_DELIVERY_COMPLETE")) != NULL) {
+    long long v;
+    if (parse_int(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_DELIVERY_COMPLETE=%s is not an integer; using -1", s);
+      bad++;
+    } else if (v < -1 || v > 1) {
+      complain(errbuf, errbuf_size, "FABRIC_DELIVERY_COMPLETE=%s is outside %d..%d; using -1", s, -1, 1);
+      bad++;
+    } else {
+      params->delivery_complete = (int)v;
     }
   }
 

@@ -451,6 +451,10 @@ FT_PAIR_TEST(close_inflight, 60) {
   ft_mr_alloc(&s, &sm1, c[1].send_comm, 4096);
   void* sreq = ft_isend(&s, c[1].send_comm, sm1.buf, 4096, 80, sm1.mh, T_MS);
   ft_wait(&s, sreq, NULL, T_MS, "the one send a grouped receive gets");
+  /* Where writes complete on delivery (tcp: the peer's provider acknowledges
+   * them as it progresses), the peer's send may still wait for this side to
+   * progress: one exchange on the same comms before this side goes quiet. */
+  ft_exchange(&s, &c[1], 64, 1460, T_MS);
   for (int k = 0; k < 4; k++) {
     int tag = 70 + k;
     size_t len = (size_t)1 << 20;

@@ -372,3 +372,51 @@ FT_PAIR_TEST(peer_death, 40) {
   FT_CHECK(ft_now_ms() - tc < 5000, "closing and finalizing after the peer died took %lld ms",
            (long long)(ft_now_ms() - tc));
 }
+
+/* A send reported complete must reach the peer even when its sender shuts
+ * down right after: NCCL may destroy a communicator as soon as its last sends
+ * completed. On tcp a write used to complete once it was in the local socket;
+ * closing the endpoint with unread bytes from the peer then reset the
+ * connection, the bytes still queued were dropped, and the peer's receive
+ * never completed (seen in dlopen_cycle under load). Made certain here: the
+ * receiver does not progress for a while after posting its receive, and posts
+ * a second receive meanwhile, whose announcement the sender never reads
+ * before it closes. */
+FT_PAIR_TEST(close_right_after_send, 60) {
+  enum { LEN = 512 << 10, WAIT_MS = 10000 };
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  ft_mr m;
+  ft_mr_alloc(&s, &m, ft_role() == 0 ? c.send_comm : c.recv_comm, 2 * LEN);
+  ft_sync(peer, "registered", T_MS);
+  if (ft_role() == 0) {
+    ft_fill(m.buf, LEN, 1801);
+    void* req = ft_isend(&s, c.send_comm, m.buf, LEN, 1, m.mh, WAIT_MS);
+    ft_wait(&s, req, NULL, WAIT_MS, "send");
+    ft_phase("close without progress");
+    usleep(300 * 1000); /* the second announcement arrives and stays unread */
+    ft_close_all(&s, &c, 1);
+    ft_side_close(&s);
+    ft_sync(peer, "received", T_MS);
+    return;
+  }
+  memset(m.buf, FT_POISON, 2 * LEN);
+  void* d1 = m.buf;
+  void* d2 = (char*)m.buf + LEN;
+  size_t len = LEN;
+  int tag1 = 1, tag2 = 2;
+  void* r1 = ft_irecv(&s, c.recv_comm, 1, &d1, &len, &tag1, &m.mh, WAIT_MS);
+  usleep(100 * 1000); /* the sender's write completes meanwhile */
+  void* r2 = ft_irecv(&s, c.recv_comm, 1, &d2, &len, &tag2, &m.mh, WAIT_MS);
+  (void)r2;
+  usleep(400 * 1000); /* the sender has closed */
+  int size = -1;
+  ft_wait(&s, r1, &size, WAIT_MS, "the receive of a send its sender saw complete before it closed");
+  FT_CHECK(size == LEN, "received %d bytes of %d", size, (int)LEN);
+  ft_verify_or_fail(m.buf, LEN, 1801, "the receive of a send its sender closed after");
+  ft_sync(peer, "received", T_MS);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
