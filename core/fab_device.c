@@ -12,10 +12,12 @@
  * stall every other send of the endpoint (two channels of a NCCL broadcast
  * then deadlock; seen on two H200s).
  */
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "fab_cuda.h"
 #include "fab_engine.h"
@@ -303,6 +305,26 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
   return FAB_OK;
 }
 
+/* The overflow region of receives on intra-host providers (fab_domain.sink):
+ * as large as the largest message we let a peer send, reserved but not
+ * backed, so it costs address space only until a peer oversteps. */
+static void open_sink(const fab_device* d, fab_domain* dom) {
+  if (!d->local_only || d->mr_local || d->info->rx_attr->iov_limit < 2) return;
+  size_t len = fab_g.params.max_p2p_bytes;
+  void* p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    FAB_INFO(FAB_SUBSYS_INIT, "no overflow region for receives on %s (%s): a truncated receive there is left to the "
+             "provider", d->name, strerror(errno));
+    return;
+  }
+  dom->sink = p;
+  dom->sink_len = len;
+}
+
+void fab_domain_sink_release(fab_domain* dom) {
+  if (dom->sink) madvise(dom->sink, dom->sink_len, MADV_DONTNEED);
+}
+
 fab_result fab_domain_open(fab_device* d) {
   if (d->dom) return FAB_OK;
   fab_domain* dom = calloc(1, sizeof(*dom));
@@ -330,6 +352,7 @@ fab_result fab_domain_open(fab_device* d) {
     free(dom);
     return FAB_ERR_SYSTEM;
   }
+  open_sink(d, dom);
   d->dom = dom;
   return FAB_OK;
 }
@@ -339,6 +362,7 @@ static void domain_close(fab_device* d) {
   fab_mr_domain_close(d);
   if (d->dom->domain) fi_close(&d->dom->domain->fid);
   if (d->dom->fabric) fi_close(&d->dom->fabric->fid);
+  if (d->dom->sink) munmap(d->dom->sink, d->dom->sink_len); /* the endpoints that could write into it are closed */
   free(d->dom);
   d->dom = NULL;
 }

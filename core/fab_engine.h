@@ -102,6 +102,13 @@ typedef struct fab_domain {
   struct fid_domain* domain;
   fab_mr_cache* mr_cache;
   _Atomic uint64_t next_key; /* requested_key when the provider does not pick keys */
+  /* Intra-host providers (local_only): a receive is posted with this
+   * (virtual, never touched by a well-behaved peer) region after its buffer,
+   * so a message larger than the receive lands its excess here and the
+   * transport reports the truncation itself. libfabric 1.17's shm loops
+   * forever in its copy on a truncated receive above 4 KiB. NULL elsewhere. */
+  void* sink;
+  size_t sink_len;
 } fab_domain;
 
 typedef struct fab_device {
@@ -341,6 +348,8 @@ static inline const char* fab_device_provider(const fab_device* d) {
 fab_result fab_devices_discover(const fab_transport_ops* const* candidates, int ncandidates);
 void fab_devices_release(void);
 fab_result fab_domain_open(fab_device* dev);
+/* Gives back the pages a truncated receive wrote into the domain's sink. */
+void fab_domain_sink_release(fab_domain* dom);
 fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out); /* engine lock held */
 
 /* fab_endpoint.c */

@@ -96,6 +96,7 @@ fab_result fab_req_test(fab_req* r, int* done, int* sizes) {
     }
   }
   *done = 1;
+  if (c->ops->settle) c->ops->settle(r);
   if (sizes) c->ops->sizes(r, sizes);
   fab_result rc = r->result;
   if (FAB_UNLIKELY(rc != FAB_OK)) FAB_WARN("%s", r->errmsg ? r->errmsg : "request failed");

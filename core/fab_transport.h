@@ -70,6 +70,10 @@ struct fab_transport_ops {
   fab_result (*iflush)(fab_comm* c, int n, void** data, const int* sizes, fab_mr** mrs, void** request);
   /* Drives completions for r (pending). */
   void (*progress)(fab_comm* c, fab_req* r);
+  /* r is complete and test is about to report it (no lock held): a
+   * transport that noted something in its completions' lock-free path turns
+   * it into r's result here. Optional. */
+  void (*settle)(fab_req* r);
   /* Writes the sizes test reports for a completed r (r->n entries). */
   void (*sizes)(fab_req* r, int* sizes);
   /* The comm failed while r is pending: give up what is not posted yet.

@@ -420,6 +420,9 @@ FT_PAIR_TEST(send_larger_than_recv, 60) { send_larger_body(peer, 0, 1000, 2000);
 FT_PAIR_TEST(truncation_error_code, 60) { send_larger_body(peer, 1, 1000, 2000); }
 FT_PAIR_TEST(truncation_small, 60) { send_larger_body(peer, 1, 50, 100); }
 FT_PAIR_TEST(truncation_large, 60) { send_larger_body(peer, 1, 4096, 8192); }
+/* Hardening 7: the other sizes of the report (64M into 1M; shm copies these by
+ * CMA), on every provider and transport. */
+FT_PAIR_TEST(truncation_huge, 60) { send_larger_body(peer, 1, 1 << 20, 64 << 20); }
 
 /* Close with requests in flight: receives that will never match, sends the
  * peer never receives; close every comm; no crash, no leak, no hang. */

@@ -39,6 +39,7 @@ typedef struct sr_sub {
 
 typedef struct sr_req {
   uint8_t nposted;
+  _Atomic uint8_t overflow; /* a sub-receive got more than its buffer (into the domain's sink) */
   sr_sub sub[];
 } sr_req;
 
@@ -69,8 +70,12 @@ static inline void progress(fab_comm* c, fab_req* r) {
 static void sub_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_req* r = op->owner;
   sr_sub* s = &SR(r)->sub[op->index];
-  if (FAB_LIKELY(done != NULL)) s->got = done->len;
-  else s->got = fab_req_op_failed(r, s->size, (int)(uint32_t)s->tag, err);
+  if (FAB_LIKELY(done != NULL)) {
+    s->got = done->len;
+    if (FAB_UNLIKELY(s->got > s->size)) atomic_store_explicit(&SR(r)->overflow, 1, memory_order_relaxed);
+  } else {
+    s->got = fab_req_op_failed(r, s->size, (int)(uint32_t)s->tag, err);
+  }
   sub_set_state(s, FAB_SUB_DONE);
   /* the subs of a grouped receive may complete in two threads at once */
   fab_req_op_done(r, r->n != 1);
@@ -83,8 +88,28 @@ static void sr_init_req(fab_comm* c, fab_req* r) {
 
 static inline fab_req* req_get(fab_comm* c, uint8_t type, int n) {
   fab_req* r = fab_req_get(c, type, n, n);
-  if (FAB_LIKELY(r != NULL)) SR(r)->nposted = 0;
+  if (FAB_LIKELY(r != NULL)) {
+    SR(r)->nposted = 0;
+    atomic_store_explicit(&SR(r)->overflow, 0, memory_order_relaxed);
+  }
   return r;
+}
+
+/* A message larger than its receive, on a provider whose receives carry the
+ * domain's sink after the buffer: the receive fails as a truncation would,
+ * and the sink's pages go back. */
+static void sr_settle(fab_req* r) {
+  if (FAB_LIKELY(!atomic_load_explicit(&SR(r)->overflow, memory_order_relaxed))) return;
+  fab_endpoint* ep = r->comm->ep;
+  pthread_mutex_lock(&ep->lock); /* fab_req_op_failed writes the result and the comm's error under it */
+  for (int i = 0; i < r->n; i++) {
+    sr_sub* s = &SR(r)->sub[i];
+    if (s->got <= s->size) continue;
+    struct fi_cq_err_entry e = {.err = FI_ETRUNC, .len = s->size, .olen = s->got - s->size};
+    s->got = fab_req_op_failed(r, s->size, (int)(uint32_t)s->tag, &e);
+  }
+  pthread_mutex_unlock(&ep->lock);
+  fab_domain_sink_release(ep->dev->dom);
 }
 
 static inline void req_put(fab_req* r) { fab_req_put(r); }
@@ -124,13 +149,24 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr
 
 /* --- receive ------------------------------------------------------------------- */
 
+/* Posts one sub-receive; with the domain's sink after its buffer where there
+ * is one (fab_domain.sink), so the provider never truncates. */
+static inline ssize_t post_recv(fab_comm* c, sr_sub* s) {
+  fab_domain* dom = c->ep->dev->dom;
+  if (FAB_LIKELY(!dom->sink)) return fi_trecv(c->ep->ep, s->data, s->size, s->desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
+  struct iovec iov[2] = {{.iov_base = s->data, .iov_len = s->size}, {.iov_base = dom->sink, .iov_len = dom->sink_len}};
+  void* desc[2] = {s->desc, NULL};
+  struct fi_msg_tagged msg = {.msg_iov = iov, .desc = desc, .iov_count = 2, .addr = FI_ADDR_UNSPEC, .tag = s->tag,
+                              .context = &s->op.ctx};
+  return fi_trecvmsg(c->ep->ep, &msg, FI_COMPLETION);
+}
+
 /* Posts the sub-receives of r not posted yet: 0, -FI_EAGAIN, or an error. */
 static int post_subs(fab_comm* c, fab_req* r) {
-  struct fid_ep* ep = c->ep->ep;
   while (SR(r)->nposted < r->n) {
     sr_sub* s = &SR(r)->sub[SR(r)->nposted];
     sub_set_state(s, FAB_SUB_POSTED);
-    ssize_t rc = fi_trecv(ep, s->data, s->size, s->desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
+    ssize_t rc = post_recv(c, s);
     if (FAB_UNLIKELY(rc != 0)) {
       sub_set_state(s, FAB_SUB_IDLE);
       return (int)rc;
@@ -206,10 +242,10 @@ static fab_result irecv_one(fab_comm* c, fab_req* r, void* data, size_t size, in
   r->size = size;
   r->tag = tag;
   sub_set_state(s, FAB_SUB_POSTED);
-  ssize_t rc = fi_trecv(c->ep->ep, data, size, desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
+  ssize_t rc = post_recv(c, s);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
     progress(c, NULL);
-    rc = fi_trecv(c->ep->ep, data, size, desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
+    rc = post_recv(c, s);
   }
   if (FAB_LIKELY(rc == 0)) {
     SR(r)->nposted = 1;
@@ -308,6 +344,7 @@ const fab_transport_ops fab_sendrecv_ops = {
     .irecv = sr_irecv,
     .iflush = fab_mr_iflush,
     .progress = sr_progress,
+    .settle = sr_settle,
     .sizes = sr_sizes,
     .give_up = sr_give_up,
     .cancel = sr_cancel,
