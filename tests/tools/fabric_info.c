@@ -1,0 +1,203 @@
+/* fabric-info: the command line, and the report as text or JSON. See info.h
+ * and docs/troubleshooting.md.
+ *
+ *   fabric-info [--json] [--selftest] [--bytes SIZE] [--timeout-ms N] [--plugin PATH]
+ *
+ * Exit status: 0 when the plugin loaded and every exported net version
+ * reported a device (and the self-test, when asked, moved every byte);
+ * 1 otherwise; 2 for a bad command line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "info.h"
+
+static const char* ptr_kinds(int bits, char* buf, size_t len) {
+  snprintf(buf, len, "%s%s%s", bits & FAB_PTR_HOST ? "host " : "", bits & FAB_PTR_CUDA ? "cuda " : "",
+           bits & FAB_PTR_DMABUF ? "dmabuf " : "");
+  size_t n = strlen(buf);
+  if (n) buf[n - 1] = '\0';
+  return buf;
+}
+
+/* The plugin's own explanation of GPU memory (its CUDA log line), or "". */
+static const char* gpu_reason(const info_report* r) {
+  for (int i = 0; i < r->nlog; i++)
+    if (strstr(r->log[i], "CUDA")) return r->log[i];
+  return "";
+}
+
+static void text_devices(const info_version* v) {
+  printf("  ncclNetPlugin_v%d:", v->version);
+  if (v->error[0]) {
+    printf(" %s\n", v->error);
+    return;
+  }
+  printf(" %d device(s)\n", v->ndev);
+  for (int d = 0; d < v->ndev; d++) {
+    const fab_properties* p = &v->props[d];
+    char kinds[32];
+    printf("    dev %d %s: ptrSupport %s, speed %d Mbps, maxRecvs %d, regIsGlobal %d, maxComms %d, maxP2pBytes %zu, "
+           "pci %s", d, v->names[d], ptr_kinds(p->ptr_support, kinds, sizeof kinds), p->speed_mbps, p->max_recvs,
+           p->reg_is_global, p->max_comms, p->max_p2p_bytes, v->pci[d][0] ? v->pci[d] : "(none)");
+    if (p->vprops.ndevs > 1) {
+      printf(", fuses");
+      for (int k = 0; k < p->vprops.ndevs; k++) printf(" %d", p->vprops.devs[k]);
+    }
+    printf("\n");
+  }
+}
+
+static void print_text(const info_report* r, int failed) {
+  printf("libfabric %s; providers with RDM endpoints:", r->fi_version);
+  for (int i = 0; i < r->nproviders; i++) printf(" %s", r->providers[i]);
+  printf("%s\n", r->nproviders ? "" : " none");
+  printf("settings:%s\n", r->nenv ? "" : " none (defaults: the first provider that fits, transport auto)");
+  for (int i = 0; i < r->nenv; i++) printf("  %s\n", r->env[i]);
+  if (r->load_error[0]) {
+    printf("plugin %s: cannot be loaded: %s\n", r->plugin, r->load_error);
+    printf("what to do: install the library where the loader finds it, or give its path (NCCL_NET_PLUGIN, --plugin)\n");
+    return;
+  }
+  printf("plugin %s (%s)\n  tables:", r->plugin, r->plugin_file);
+  for (int i = 0; i < r->ntables; i++) printf(" %s", r->tables[i]);
+  printf("\nthe plugin says (provider, transport and why):\n");
+  for (int i = 0; i < r->nlog; i++) printf("  %s%s\n", r->log_level[i] == FAB_LOG_WARN ? "WARN " : "", r->log[i]);
+  printf("devices, as each exported net version reports them:\n");
+  for (int i = 0; i < r->nversions; i++) text_devices(&r->versions[i]);
+  const char* g = gpu_reason(r);
+  int cuda = r->nversions && r->versions[0].ndev && (r->versions[0].props[0].ptr_support & FAB_PTR_CUDA);
+  printf("GPU memory: %s%s%s\n", cuda ? "yes" : "no", g[0] ? ": " : "", g);
+  if (r->selftest_ran) {
+    if (r->selftest_ok)
+      printf("selftest: passed: %zu bytes from one process to another, every byte checked, %.3f s (%.2f GB/s; a "
+             "health check, netbench measures speed)\n",
+             r->selftest_bytes, r->selftest_seconds,
+             r->selftest_seconds > 0 ? (double)r->selftest_bytes / r->selftest_seconds / 1e9 : 0.0);
+    else
+      printf("selftest: FAILED: %s\n", r->selftest_detail);
+  }
+  if (failed && !r->selftest_ran)
+    printf("problem: the plugin did not report a device through every table; the WARN lines above say why\n");
+}
+
+static void json_value(const char* s) {
+  putchar('"');
+  for (const char* c = s; *c; c++) {
+    if (*c == '"' || *c == '\\') printf("\\%c", *c);
+    else if ((unsigned char)*c < 0x20) printf("\\u%04x", *c);
+    else putchar(*c);
+  }
+  putchar('"');
+}
+
+static void json_str(const char* key, const char* s, int comma) {
+  printf("\"%s\": ", key);
+  json_value(s);
+  if (comma) printf(", ");
+}
+
+static void json_devices(const info_version* v) {
+  printf("{\"version\": %d, ", v->version);
+  json_str("error", v->error, 1);
+  printf("\"devices\": [");
+  for (int d = 0; d < v->ndev; d++) {
+    const fab_properties* p = &v->props[d];
+    printf("%s{", d ? ", " : "");
+    json_str("name", v->names[d], 1);
+    json_str("pciPath", v->pci[d], 1);
+    printf("\"ptrSupport\": %d, \"speed\": %d, \"maxRecvs\": %d, \"regIsGlobal\": %d, \"maxComms\": %d, "
+           "\"maxP2pBytes\": %zu, \"vDevices\": [", p->ptr_support, p->speed_mbps, p->max_recvs, p->reg_is_global,
+           p->max_comms, p->max_p2p_bytes);
+    for (int k = 0; k < p->vprops.ndevs && p->vprops.ndevs > 1; k++) printf("%s%d", k ? ", " : "", p->vprops.devs[k]);
+    printf("]}");
+  }
+  printf("]}");
+}
+
+static void json_list(const char* key, const char (*items)[64], int n) {
+  printf("\"%s\": [", key);
+  for (int i = 0; i < n; i++) printf("%s", i ? ", " : ""), json_value(items[i]);
+  printf("], ");
+}
+
+static void print_json(const info_report* r, int failed) {
+  printf("{");
+  json_str("libfabric", r->fi_version, 1);
+  json_list("providers", r->providers, r->nproviders);
+  printf("\"settings\": [");
+  for (int i = 0; i < r->nenv; i++) printf("%s", i ? ", " : ""), json_value(r->env[i]);
+  printf("], ");
+  json_str("plugin", r->plugin, 1);
+  json_str("pluginFile", r->plugin_file, 1);
+  json_str("loadError", r->load_error, 1);
+  printf("\"tables\": [");
+  for (int i = 0; i < r->ntables; i++) printf("%s", i ? ", " : ""), json_value(r->tables[i]);
+  printf("], \"log\": [");
+  for (int i = 0; i < r->nlog; i++) {
+    printf("%s{\"level\": \"%s\", ", i ? ", " : "", r->log_level[i] == FAB_LOG_WARN ? "warn" : "info");
+    json_str("text", r->log[i], 0);
+    printf("}");
+  }
+  printf("], \"versions\": [");
+  for (int i = 0; i < r->nversions; i++) printf("%s", i ? ", " : ""), json_devices(&r->versions[i]);
+  printf("], ");
+  json_str("gpuMemory", gpu_reason(r), 1);
+  if (r->selftest_ran) {
+    printf("\"selftest\": {\"ok\": %s, \"bytes\": %zu, \"seconds\": %.6f, ", r->selftest_ok ? "true" : "false",
+           r->selftest_bytes, r->selftest_seconds);
+    json_str("detail", r->selftest_detail, 0);
+    printf("}, ");
+  }
+  printf("\"ok\": %s}\n", failed ? "false" : "true");
+}
+
+static int usage(const char* argv0) {
+  fprintf(stderr,
+          "usage: %s [--json] [--selftest] [--bytes SIZE] [--timeout-ms N] [--plugin PATH]\n"
+          "  What the NCCL net plugin sees on this machine: libfabric and its providers, the settings that steer\n"
+          "  the plugin, its exported tables, and every device as each exported net version reports it.\n"
+          "  --selftest    also move SIZE bytes (default 64M) between two processes through the plugin's newest\n"
+          "                net table and check every byte\n"
+          "  --plugin PATH the library (default: libnccl-net-fabric.so, found the way NCCL finds it)\n"
+          "  Exit status 0: all is well; 1: something is wrong (the report says what); 2: bad command line.\n",
+          argv0);
+  return 2;
+}
+
+static int parse_size(const char* s, size_t* out) {
+  char* end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end == s) return -1;
+  if (*end == 'K' || *end == 'k') v <<= 10, end++;
+  else if (*end == 'M' || *end == 'm') v <<= 20, end++;
+  else if (*end == 'G' || *end == 'g') v <<= 30, end++;
+  if (*end || v == 0) return -1;
+  *out = (size_t)v;
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  int json = 0, selftest = 0, timeout_ms = 60000;
+  size_t bytes = (size_t)64 << 20;
+  const char* plugin = "libnccl-net-fabric.so";
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) json = 1;
+    else if (!strcmp(argv[i], "--selftest")) selftest = 1;
+    else if (!strcmp(argv[i], "--plugin") && i + 1 < argc) plugin = argv[++i];
+    else if (!strcmp(argv[i], "--bytes") && i + 1 < argc) {
+      if (parse_size(argv[++i], &bytes)) return usage(argv[0]);
+    } else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
+      timeout_ms = atoi(argv[++i]);
+      if (timeout_ms <= 0) return usage(argv[0]);
+    } else {
+      return usage(argv[0]);
+    }
+  }
+  static info_report r; /* large: off the stack */
+  int failed = info_probe(&r, plugin) != 0;
+  if (selftest && !r.load_error[0]) failed |= info_selftest(&r, plugin, bytes, timeout_ms) != 0;
+  if (json) print_json(&r, failed);
+  else print_text(&r, failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,139 @@
+/* fabric-info: libfabric, the environment, and what the plugin reports. See info.h. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <rdma/fabric.h>
+
+#include "fab_drivers.h"
+#include "info.h"
+
+extern char** environ;
+
+static info_report* g_report;
+
+void info_log_attach(info_report* r) { g_report = r; }
+
+void info_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+  (void)flags, (void)file, (void)line;
+  info_report* r = g_report;
+  if (!r || level == FAB_LOG_TRACE) return;
+  if (level == FAB_LOG_WARN) r->warns++;
+  if (r->nlog >= INFO_MAX_LOG) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->log[r->nlog], INFO_LINE, fmt ? fmt : "", ap);
+  va_end(ap);
+  r->log_level[r->nlog++] = level;
+}
+
+static void probe_libfabric(info_report* r) {
+  uint32_t v = fi_version();
+  snprintf(r->fi_version, sizeof r->fi_version, "%u.%u", FI_MAJOR(v), FI_MINOR(v));
+  struct fi_info* hints = fi_allocinfo();
+  struct fi_info* all = NULL;
+  if (!hints) return;
+  hints->ep_attr->type = FI_EP_RDM;
+  if (fi_getinfo(v, NULL, NULL, 0, hints, &all) == 0) {
+    for (struct fi_info* fi = all; fi && r->nproviders < INFO_MAX_PROVIDERS; fi = fi->next) {
+      const char* p = fi->fabric_attr->prov_name;
+      int seen = 0;
+      for (int i = 0; i < r->nproviders && !seen; i++) seen = strcmp(r->providers[i], p) == 0;
+      if (!seen) snprintf(r->providers[r->nproviders++], sizeof r->providers[0], "%s", p);
+    }
+    fi_freeinfo(all);
+  }
+  fi_freeinfo(hints);
+}
+
+/* The settings that steer the plugin's choices. */
+static void probe_env(info_report* r) {
+  static const char* prefixes[] = {"FABRIC_", "FI_PROVIDER", "FI_TCP_IFACE", "FI_HMEM", "NCCL_NET", "NCCL_DEBUG"};
+  for (char** e = environ; e && *e && r->nenv < INFO_MAX_ENV; e++) {
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+      if (strncmp(*e, prefixes[i], strlen(prefixes[i])) == 0) {
+        snprintf(r->env[r->nenv++], INFO_LINE, "%s", *e);
+        break;
+      }
+    }
+  }
+}
+
+int info_bind_newest(void* dl, fab_api* api, char* symbol, size_t len) {
+  for (int v = 99; v >= 0; v--) {
+    char sym[40];
+    snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", v);
+    const struct fab_driver_info* d = fab_driver_find(sym);
+    void* table = d && strcmp(d->family, "net") == 0 ? dlsym(dl, sym) : NULL;
+    if (!table) continue;
+    memset(api, 0, sizeof *api);
+    if (fab_driver_bind(sym, table, api) != 0) return -1;
+    snprintf(symbol, len, "%s", sym);
+    return 0;
+  }
+  return -1;
+}
+
+/* What one net version reports for every device. */
+static void probe_version(info_version* iv, const struct fab_driver_info* d, void* table) {
+  fab_api api;
+  memset(&api, 0, sizeof api);
+  iv->version = d->version;
+  if (fab_driver_bind(d->symbol, table, &api) != 0) {
+    snprintf(iv->error, INFO_LINE, "no driver for %s", d->symbol);
+    return;
+  }
+  fab_ctx* ctx = NULL;
+  fab_result rc = api.init(&ctx, 0x1f0, NULL, info_logger, NULL);
+  if (rc == FAB_OK) rc = api.devices(&iv->ndev);
+  if (rc != FAB_OK) {
+    snprintf(iv->error, INFO_LINE, "%s failed (result %d): see the plugin's log", ctx || iv->ndev ? "devices" : "init",
+             (int)rc);
+    if (ctx && api.finalize) api.finalize(ctx);
+    return;
+  }
+  if (iv->ndev > INFO_MAX_DEVS) iv->ndev = INFO_MAX_DEVS;
+  for (int dev = 0; dev < iv->ndev; dev++) {
+    fab_properties* p = &iv->props[dev];
+    if (api.get_properties(dev, p) != FAB_OK) {
+      snprintf(iv->error, INFO_LINE, "getProperties(%d) failed", dev);
+      break;
+    }
+    snprintf(iv->names[dev], sizeof iv->names[dev], "%s", p->name ? p->name : "");
+    snprintf(iv->pci[dev], sizeof iv->pci[dev], "%s", p->pci_path ? p->pci_path : "");
+  }
+  if (ctx && api.finalize) api.finalize(ctx);
+}
+
+static void probe_plugin(info_report* r, void* dl) {
+  struct link_map* map = NULL;
+  if (dlinfo(dl, RTLD_DI_LINKMAP, &map) == 0 && map) snprintf(r->plugin_file, INFO_LINE, "%s", map->l_name);
+  for (int i = 0; i < fab_driver_count && r->ntables < INFO_MAX_TABLES; i++) {
+    const struct fab_driver_info* d = &fab_drivers[i];
+    void* table = dlsym(dl, d->symbol);
+    if (!table) continue;
+    snprintf(r->tables[r->ntables++], sizeof r->tables[0], "%s", d->symbol);
+    if (strcmp(d->family, "net") == 0 && r->nversions < INFO_MAX_VERSIONS)
+      probe_version(&r->versions[r->nversions++], d, table);
+  }
+}
+
+int info_probe(info_report* r, const char* plugin_path) {
+  info_log_attach(r);
+  probe_libfabric(r);
+  probe_env(r);
+  snprintf(r->plugin, INFO_LINE, "%s", plugin_path);
+  void* dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
+  if (!dl) {
+    snprintf(r->load_error, INFO_LINE, "%s", dlerror());
+    return -1;
+  }
+  probe_plugin(r, dl);
+  dlclose(dl);
+  int ok = r->nversions > 0;
+  for (int i = 0; i < r->nversions; i++) ok = ok && !r->versions[i].error[0] && r->versions[i].ndev > 0;
+  return ok ? 0 : -1;
+}
