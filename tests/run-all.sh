@@ -26,6 +26,13 @@ fi
 echo "== test (RelWithDebInfo) =="
 ctest --test-dir "$top/build" --output-on-failure -j "$jobs" --timeout 900 -LE engine-bug
 
+echo "== Debian package: build, install, load by bare name, self-test, remove =="
+if [ "$(id -u)" -eq 0 ]; then
+  bash "$top/tests/package/deb.sh" "$top/build-deb"
+else
+  echo "SKIPPED: tests/package/deb.sh installs the package with dpkg -i and needs root"
+fi
+
 echo "== build and test under AddressSanitizer + UBSan =="
 bash "$top/tests/build.sh" "$top/build-asan" -DCMAKE_BUILD_TYPE=Debug -DFABRIC_SANITIZE=ON
 # Every case under the sanitizers, through the core and the oldest and newest
