@@ -162,6 +162,7 @@ void fab_comm_free(fab_comm* c) {
     r->magic = 0;
   }
   fab_pool_fini(&c->reqs);
+  free(c->prof);
   fab_ep_ctrl_dereg(c->answer_mr);
   fab_ep_av_release(c->ep, c->peer);
   c->magic = 0;

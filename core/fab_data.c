@@ -5,6 +5,7 @@
  */
 #include <stdint.h>
 
+#include "fab_prof.h"
 #include "fab_mr.h"
 #include "fab_req.h"
 #include "fab_transport.h"
@@ -95,9 +96,19 @@ fab_result fab_dereg_mr(void* comm, void* mhandle) {
   return fab_mr_deregister(mhandle);
 }
 
+/* Whether this post announces profiler events (fab_prof.h): a callback was
+ * given, and the comm is not pausing after its starts were declined. */
+static inline int prof_wanted(fab_comm* c) {
+  if (FAB_LIKELY(!fab_prof_active())) return 0;
+  if (c->prof_skip) {
+    c->prof_skip--;
+    return 0;
+  }
+  return 1;
+}
+
 fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                      void** request) {
-  (void)phandle;
   if (FAB_UNLIKELY(!request)) return fab_bad_argument("isend", "request", 0, "a non-NULL pointer");
   *request = NULL;
   fab_comm* c = comm_or_warn(send_comm, FAB_OBJ_SEND, "isend");
@@ -115,12 +126,12 @@ fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mh
   if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   rc = c->ops->isend(c, data, size, tag, mr, request);
   if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return not_now(c, "isend");
+  if (FAB_UNLIKELY(phandle != NULL) && rc == FAB_OK && prof_wanted(c)) fab_prof_posted(*request, &phandle, &size, &tag);
   return rc;
 }
 
 fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags, void** mhandles,
                      void** phandles, void** request) {
-  (void)phandles;
   if (FAB_UNLIKELY(!request)) return fab_bad_argument("irecv", "request", 0, "a non-NULL pointer");
   *request = NULL; /* overwrites NCCL's 0x1 hint too */
   fab_comm* c = comm_or_warn(recv_comm, FAB_OBJ_RECV, "irecv");
@@ -141,6 +152,7 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
   }
   fab_result rc = c->ops->irecv(c, n, data, sizes, tags, mrs, request);
   if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return not_now(c, "irecv");
+  if (FAB_UNLIKELY(phandles != NULL) && rc == FAB_OK && prof_wanted(c)) fab_prof_posted(*request, phandles, sizes, tags);
   return rc;
 }
 

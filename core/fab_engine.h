@@ -236,7 +236,7 @@ struct fab_req {
   uint8_t state; /* FAB_REQ_* */
   uint8_t type;  /* FAB_REQ_SEND / RECV */
   uint8_t n;     /* buffers: the sizes test reports */
-  uint8_t spare;
+  uint8_t prof;  /* profiler events started for it (their handles: comm->prof_eh) */
   _Atomic int pending; /* operations not completed yet (posted or not); the last
                         * write of a completion: 0 hands r back to its owner */
   fab_result result;   /* first error of an operation */
@@ -304,6 +304,9 @@ struct fab_comm {
    * argument */
   void (*onesided)(struct fab_comm* c, uint32_t low);
   void* onesided_arg;
+  struct fab_prof_slot* prof; /* profiler events of its requests (fab_prof.c), from the first profiled one */
+  uint32_t prof_declined;      /* posts in a row whose starts the callback declined (owner thread) */
+  uint32_t prof_skip;          /* posts to leave unannounced before asking again (owner thread) */
   char peer_name[96];
   _Alignas(16) unsigned char tp[]; /* the transport's (comm_size bytes) */
 };

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fab_prof.h"
 #include "fab_conn.h"
 #include "fab_cuda.h"
 #include "fab_engine.h"
@@ -104,7 +105,7 @@ static fab_ctx* ctx_create(uint64_t comm_id, const fab_comm_config* config, int 
 
 fab_result fab_init(fab_ctx** ctx, uint64_t comm_id, const fab_comm_config* config, fab_logger_fn logger,
                     fab_profiler_fn profiler) {
-  (void)profiler; /* no profiler events yet */
+  fab_prof_set(profiler);
   if (logger) fab_log_set_logger(logger);
   if (!ctx) return fab_bad_argument("init", "ctx", 0, "a non-NULL pointer");
   *ctx = NULL;
@@ -125,7 +126,7 @@ fab_result fab_init(fab_ctx** ctx, uint64_t comm_id, const fab_comm_config* conf
 }
 
 fab_result fab_init_process(fab_logger_fn logger, fab_profiler_fn profiler) {
-  (void)profiler;
+  fab_prof_set(profiler);
   if (logger) fab_log_set_logger(logger);
   pthread_mutex_lock(&fab_g.lock);
   fab_result rc = engine_up();

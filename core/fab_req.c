@@ -1,4 +1,5 @@
 /* The request lifecycle and peer liveness, shared by every transport. */
+#include "fab_prof.h"
 #include "fab_req.h"
 
 #include <stdio.h>
@@ -82,6 +83,10 @@ static fab_result still_pending(fab_req* r, int* done) {
   *done = 1;
   FAB_WARN("%s of %zu bytes (tag %d) %s %s failed: %s", dir_word(r), r->size, r->tag, peer_word(r), c->peer_name,
            c->error != FAB_OK ? c->error_why : "the endpoint's completion queue failed");
+  if (FAB_UNLIKELY(r->prof)) {
+    if (r->result == FAB_OK) r->result = rc;
+    fab_prof_done(r);
+  }
   return rc;
 }
 
@@ -100,6 +105,7 @@ fab_result fab_req_test(fab_req* r, int* done, int* sizes) {
   if (sizes) c->ops->sizes(r, sizes);
   fab_result rc = r->result;
   if (FAB_UNLIKELY(rc != FAB_OK)) FAB_WARN("%s", r->errmsg ? r->errmsg : "request failed");
+  if (FAB_UNLIKELY(r->prof)) fab_prof_done(r);
   fab_req_put(r);
   return rc;
 }

@@ -27,6 +27,7 @@ static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npendin
   r->state = FAB_REQ_ACTIVE;
   r->type = type;
   r->n = (uint8_t)n;
+  r->prof = 0;
   r->result = FAB_OK;
   atomic_store_explicit(&r->pending, npending, memory_order_relaxed);
   return r;

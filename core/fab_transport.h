@@ -74,6 +74,10 @@ struct fab_transport_ops {
    * transport that noted something in its completions' lock-free path turns
    * it into r's result here. Optional. */
   void (*settle)(fab_req* r);
+  /* Profiler events: where sub-operation `sub` of r is in the protocol
+   * (FAB_PROF_PATH_*). Optional: a transport without it moves one tagged
+   * message per operation. */
+  uint8_t (*prof_path)(fab_req* r, int sub);
   /* Writes the sizes test reports for a completed r (r->n entries). */
   void (*sizes)(fab_req* r, int* sizes);
   /* The comm failed while r is pending: give up what is not posted yet.

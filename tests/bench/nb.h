@@ -57,6 +57,8 @@ typedef struct nb_xport_opts {
   int verbose;
   int raw_hints;         /* NB_RAW_HINTS_*: which fi_getinfo hints raw mode uses */
   int raw_rma;           /* raw mode's RMA flavour (nb_raw_rma.c) */
+  int nccl_profiler;     /* drive the plugin as NCCL does with no profiler loaded: a callback that returns at
+                          * once, and a parent handle with every isend and irecv (nb_plugin.c) */
 } nb_xport_opts;
 
 int nb_raw_open(nb_xport* x, const nb_xport_opts* o);

@@ -47,6 +47,7 @@ typedef struct {
   int verbose;
   int raw_hints;      /* NB_RAW_HINTS_* */
   int raw_rma;        /* --raw-rma */
+  int nccl_profiler;  /* --nccl-profiler */
   int nlat, nbw;
   size_t lat_sizes[MAX_SIZES];
   size_t bw_sizes[MAX_SIZES];

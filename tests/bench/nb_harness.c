@@ -212,7 +212,8 @@ void xport_open(int m) {
                      .dev = cfg.dev,
                      .verbose = cfg.verbose,
                      .raw_hints = cfg.raw_hints,
-                     .raw_rma = cfg.raw_rma};
+                     .raw_rma = cfg.raw_rma,
+                     .nccl_profiler = cfg.nccl_profiler};
   memset(&modes[m], 0, sizeof(modes[m]));
   if (m == M_RAW) {
     nb_raw_open(&modes[m].x, &o);

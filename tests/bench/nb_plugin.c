@@ -24,7 +24,16 @@ typedef struct {
   int version;
   const void* table;
   char sym[64];
+  int nccl_profiler; /* pass a parent handle with every operation (--nccl-profiler) */
 } plug_state;
+
+/* NCCL's profiler callback when no profiler plugin is loaded: it returns at
+ * once and leaves the event handle alone. */
+static fab_result nccl_profiler_absent(void** eh, int type, void* phandle, int64_t id, void* data) {
+  (void)eh, (void)type, (void)phandle, (void)id, (void)data;
+  return FAB_OK;
+}
+static char parent_handle[1];
 
 /* A generated driver holds one bound table per ABI version. With two plugin
  * builds open (--plugin-b) and driven through the same version, each call
@@ -112,7 +121,7 @@ static int p_dereg_mr(nb_xport* x, void* comm, void* mh) { return use(P(x)), P(x
 static int p_isend(nb_xport* x, void* scomm, void* buf, size_t size, int tag, void* mh, void** req) {
   *req = NULL;
   use(P(x));
-  return P(x)->api.isend(scomm, buf, size, tag, mh, NULL, req);
+  return P(x)->api.isend(scomm, buf, size, tag, mh, P(x)->nccl_profiler ? parent_handle : NULL, req);
 }
 
 static int p_irecv(nb_xport* x, void* rcomm, void* buf, size_t size, int tag, void* mh, void** req) {
@@ -120,7 +129,7 @@ static int p_irecv(nb_xport* x, void* rcomm, void* buf, size_t size, int tag, vo
   size_t sizes[1] = {size};
   int tags[1] = {tag};
   void* mhs[1] = {mh};
-  void* ph[1] = {NULL};
+  void* ph[1] = {P(x)->nccl_profiler ? parent_handle : NULL};
   *req = NULL;
   use(P(x));
   return P(x)->api.irecv(rcomm, 1, data, sizes, tags, mhs, ph, req);
@@ -211,7 +220,8 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   if (++nplugins > 1) several = 1;
   fab_comm_config conf = {.traffic_class = -1};
   snprintf(plugin_transport, sizeof(plugin_transport), "unknown");
-  int rc = p->api.init(&p->ctx, 0x6e6574626e63ull, &conf, plug_logger, NULL);
+  p->nccl_profiler = o->nccl_profiler;
+  int rc = p->api.init(&p->ctx, 0x6e6574626e63ull, &conf, plug_logger, o->nccl_profiler ? nccl_profiler_absent : NULL);
   if (rc) nb_die("plugin %s: init failed (%d)", o->plugin, rc);
   int ndev = 0;
   if (p->api.devices(&ndev) || ndev <= 0) nb_die("plugin %s: no devices", o->plugin);

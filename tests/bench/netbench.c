@@ -241,6 +241,9 @@ static void usage(FILE* f) {
           "                       extra columns plugin-b and ratio-b = plugin-b/raw\n"
           "  --raw-rma            raw mode's RMA flavour: each receive announced by an inline write, the data\n"
           "                       by fi_writedata into it (the floor for the plugin's rdma transport)\n"
+          "  --nccl-profiler      drive the plugins as NCCL does with no profiler plugin loaded: a profiler\n"
+          "                       callback that returns at once, and a parent handle with every operation\n"
+          "                       (the cost of the plugin's profiler events when nobody listens)\n"
           "  --env-b NAME=VALUE   set in the environment while plugin-b initialises only (e.g.\n"
           "                       FABRIC_TRANSPORT=sendrecv on a copy of the same library: transports A/B)\n"
           "  --tests LIST         lat,bw,bibw,rate,setup,mr,mem (default all)\n"
@@ -370,7 +373,7 @@ int main(int argc, char** argv) {
   snprintf(plugin_path, sizeof(plugin_path), "%s", env_plugin ? env_plugin : "libnccl-net-fabric.so");
   enum { O_PLUGIN = 256, O_VERSION, O_PROVIDER, O_MODES, O_TESTS, O_REPS, O_SMOKE, O_SERVER, O_CONNECT, O_CSV,
          O_LATSIZES, O_LATITERS, O_BWSIZES, O_WINDOW, O_BWBYTES, O_MAXMEM, O_RATESIZE, O_RATEWIN, O_RATEMSGS,
-         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_HELP };
+         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_NCCL_PROF, O_HELP };
   static const struct option lo[] = {
       {"plugin", 1, 0, O_PLUGIN}, {"version", 1, 0, O_VERSION}, {"provider", 1, 0, O_PROVIDER},
       {"modes", 1, 0, O_MODES}, {"tests", 1, 0, O_TESTS}, {"reps", 1, 0, O_REPS}, {"smoke", 0, 0, O_SMOKE},
@@ -379,7 +382,7 @@ int main(int argc, char** argv) {
       {"window", 1, 0, O_WINDOW}, {"bw-bytes", 1, 0, O_BWBYTES}, {"max-mem", 1, 0, O_MAXMEM},
       {"rate-size", 1, 0, O_RATESIZE}, {"rate-window", 1, 0, O_RATEWIN}, {"rate-msgs", 1, 0, O_RATEMSGS},
       {"setup-comms", 1, 0, O_SETUP}, {"mem-comms", 1, 0, O_MEMCOMMS}, {"dev", 1, 0, O_DEV},
-      {"raw-hints", 1, 0, O_MINHINTS}, {"cpus", 1, 0, O_CPUS}, {"plugin-b", 1, 0, O_PLUGIN_B}, {"env-b", 1, 0, O_ENV_B}, {"raw-rma", 0, 0, O_RAW_RMA}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+      {"raw-hints", 1, 0, O_MINHINTS}, {"cpus", 1, 0, O_CPUS}, {"plugin-b", 1, 0, O_PLUGIN_B}, {"env-b", 1, 0, O_ENV_B}, {"raw-rma", 0, 0, O_RAW_RMA}, {"nccl-profiler", 0, 0, O_NCCL_PROF}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
   /* Sizes given on the command line win over --smoke's. */
   char lat_arg[512] = "", bw_arg[512] = "";
   int cpus[2] = {-1, -1}, modes_set = 0;
@@ -428,6 +431,7 @@ int main(int argc, char** argv) {
       case O_DEV: cfg.dev = atoi(optarg); break;
       case O_PLUGIN_B: snprintf(plugin_b_path, sizeof(plugin_b_path), "%s", optarg); break;
       case O_RAW_RMA: cfg.raw_rma = 1; break;
+      case O_NCCL_PROF: cfg.nccl_profiler = 1; break;
       case O_ENV_B:
         if (!strchr(optarg, '=')) nb_die("--env-b wants NAME=VALUE, got %s", optarg);
         snprintf(plugin_b_env, sizeof(plugin_b_env), "%s", optarg);

@@ -1,5 +1,6 @@
 /* The rdma transport: comm lifetime, handshake payloads, the remote-data
  * dispatcher and the ops table. The protocol is described in rd.h. */
+#include "fab_prof.h"
 #include "rd.h"
 
 #include <stdio.h>
@@ -127,6 +128,20 @@ static void rd_sizes(fab_req* r, int* sizes) {
   for (int i = 0; i < r->n; i++) sizes[i] = (int)rd_rq(r)->sub[i].got;
 }
 
+/* Profiler events (fab_prof.h): a send waits for its buffer's announcement
+ * (control), or was written into the buffer or the eager ring; a receive is
+ * announced (control) until the data lands, by a write or from the ring. */
+static uint8_t rd_prof_path(fab_req* r, int sub) {
+  if (r->type == FAB_REQ_SEND) {
+    rd_sreq* q = rd_sq(r);
+    if (q->eager_slot >= 0) return FAB_PROF_PATH_EAGER;
+    return q->matched ? FAB_PROF_PATH_WRITE : FAB_PROF_PATH_CONTROL;
+  }
+  rd_rsub* b = &rd_rq(r)->sub[sub];
+  if (atomic_load_explicit(&b->state, memory_order_acquire) != RD_SUB_DONE) return FAB_PROF_PATH_CONTROL;
+  return b->eager ? FAB_PROF_PATH_EAGER : FAB_PROF_PATH_WRITE;
+}
+
 static void rd_give_up(fab_req* r) {
   if (r->type == FAB_REQ_SEND) rd_send_give_up(r);
   else rd_recv_give_up(r);
@@ -169,6 +184,7 @@ const fab_transport_ops fab_rdma_ops = {
     .iflush = fab_mr_iflush,
     .progress = rd_progress,
     .sizes = rd_sizes,
+    .prof_path = rd_prof_path,
     .give_up = rd_give_up,
     .cancel = rd_cancel,
     .remote_data = rd_remote_data,

@@ -92,6 +92,7 @@ struct rd_rsub {
   void* data;
   size_t size;
   size_t got;
+  uint8_t eager;     /* completed from the eager ring (profiler events) */
   _Atomic int state; /* RD_SUB_*; DONE set by the remote-data handler */
 };
 

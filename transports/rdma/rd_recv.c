@@ -148,6 +148,7 @@ static ssize_t post_buffer(fab_comm* c, fab_req* r, int i, void* data, size_t si
   b->data = data;
   b->size = size;
   b->got = 0;
+  b->eager = 0;
   b->mr = mr;
   fab_mr_hold(mr);
   b->ctrl = (rd_ctrl){.addr = fab_mr_remote_addr(mr, data), .key = mr->key, .size = size, .tag = tag,
@@ -211,6 +212,7 @@ void rd_recv_acked(fab_comm* c, uint32_t consumed) {
 }
 
 void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint32_t size) {
+  b->eager = src != NULL;
   if (size <= b->size) {
     if (src && size) memcpy(b->data, src, size);
     b->got = size;
