@@ -32,11 +32,19 @@ size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_er
   }
   char msg[512];
   size_t got = 0;
-  if (err->err == FI_ECANCELED) {
+  if (err->err == FI_ECANCELED && c->error == FAB_OK) {
+    /* not our cancel (close and fab_comm_fail cancel on failed or closing
+     * comms): the provider gave up on the connection under it (libfabric
+     * 2.x's ofi_rxm cancels a rendezvous send whose peer went away) */
+    r->result = FAB_ERR_REMOTE;
+    snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s was cancelled by the provider: the connection to the "
+             "peer was lost; the peer process probably exited", dir_word(r), size, tag, peer_word(r), c->peer_name);
+    fab_comm_fail(c, FAB_ERR_REMOTE, "the provider cancelled an operation: the connection to the peer was lost");
+  } else if (err->err == FI_ECANCELED) {
     /* cancelled because the connection failed (fab_comm_fail) */
-    r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
+    r->result = c->error;
     snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s cancelled: %s", dir_word(r), size, tag,
-             peer_word(r), c->peer_name, c->error != FAB_OK ? c->error_why : "the operation was cancelled");
+             peer_word(r), c->peer_name, c->error_why);
   } else if (err->err == FI_ETRUNC) {
     r->result = FAB_ERR_INVALID_USAGE;
     /* olen (the bytes that did not fit) is 0 when the provider does not know it */

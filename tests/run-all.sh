@@ -33,6 +33,9 @@ else
   echo "SKIPPED: tests/package/deb.sh installs the package with dpkg -i and needs root"
 fi
 
+echo "== libfabric 2.x: the plugin on a 2.x runtime, and built against it (FABRIC_LIBFABRIC2) =="
+bash "$top/tests/libfabric2.sh"
+
 echo "== build and test under AddressSanitizer + UBSan =="
 bash "$top/tests/build.sh" "$top/build-asan" -DCMAKE_BUILD_TYPE=Debug -DFABRIC_SANITIZE=ON
 # Every case under the sanitizers, through the core and the oldest and newest

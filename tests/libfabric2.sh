@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The libfabric 2.x leg of the test command (issue 16): the plugin built
+# against Debian's 1.17 (build/) run on a libfabric 2.x runtime, and the
+# plugin built against 2.x itself.
+#
+#   FABRIC_LIBFABRIC2=<a libfabric source .tgz | a source tree | an install prefix> tests/libfabric2.sh
+#
+# A source is built once into build-lf2/ (tcp, shm, rxm and sockets only, no
+# GPU support), cached there by its path, size and time. Without
+# FABRIC_LIBFABRIC2 the leg says it was skipped. Cases that fail on 2.x for
+# reasons docs/known-bugs.md names are left out here, by name.
+set -euo pipefail
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+src=${FABRIC_LIBFABRIC2:-}
+if [[ -z $src ]]; then
+  echo "SKIPPED: set FABRIC_LIBFABRIC2 to a libfabric 2.x source (.tgz or tree) or install prefix to run this leg"
+  exit 0
+fi
+out=$top/build-lf2
+jobs=$(nproc)
+mkdir -p "$out"
+
+# --- the runtime: an install prefix as given, or built from source once ---------------------------
+if [[ -e $src/lib/libfabric.so ]]; then
+  prefix=$src
+else
+  prefix=$out/install
+  key=$(stat -c '%n %s %Y' "$src")
+  if [[ ! -e $prefix/lib/libfabric.so || "$(cat "$out/stamp" 2>/dev/null)" != "$key" ]]; then
+    echo "building libfabric from $src (once; cached in $out)"
+    command -v libtoolize >/dev/null || apt-get install -y -q --no-install-recommends libtool >/dev/null
+    rm -rf "$out/src" "$prefix"
+    mkdir -p "$out/src"
+    if [[ -f $src ]]; then tar xzf "$src" -C "$out/src"; else cp -a "$src/." "$out/src/"; fi
+    tree=$(dirname "$(find "$out/src" -maxdepth 2 -name configure.ac | head -1)")
+    (cd "$tree" && ./autogen.sh >"$out/autogen.log" 2>&1 &&
+      ./configure --prefix="$prefix" --with-cuda=no --enable-tcp --enable-shm --enable-rxm --enable-sockets \
+        --disable-verbs --disable-efa --disable-psm2 --disable-psm3 --disable-usnic --disable-opx --disable-ucx \
+        --disable-lpp --disable-cxi --disable-mrail --disable-rxd --disable-udp --disable-sm2 --disable-lnx \
+        >"$out/configure.log" 2>&1 &&
+      make -j"$jobs" >"$out/make.log" 2>&1 && make install >"$out/install.log" 2>&1) ||
+      { tail -20 "$out"/*.log; echo "libfabric2.sh: FAILED: building libfabric"; exit 1; }
+    echo "$key" >"$out/stamp"
+  fi
+fi
+version=$(LD_LIBRARY_PATH=$prefix/lib "$prefix/bin/fi_info" --version | sed -n 's/^libfabric: *//p')
+echo "libfabric runtime $version from $prefix"
+[[ $version == 2.* ]] || { echo "libfabric2.sh: FAILED: $prefix holds libfabric $version, not 2.x"; exit 1; }
+
+fail=0
+run() { # name, then the command with its environment
+  local name=$1; shift
+  if "$@" >"$out/$name.log" 2>&1; then echo "  passed: $name"; else
+    echo "  FAILED: $name (last lines of $out/$name.log:)"; tail -15 "$out/$name.log"; fail=1; fi
+}
+
+# --- the plugin built against 1.17, on the 2.x runtime -----------------------------------------------
+echo "the plugin built against libfabric 1.17, on $version:"
+export LD_LIBRARY_PATH=$prefix/lib
+fn=$top/build/tests/functional
+# tcp with the sendrecv transport: close_then_free breaks the connection on 2.x's tcp (docs/known-bugs.md)
+known_tcp_sendrecv="close_then_free"
+for case in "tcp rdma" "tcp sendrecv" "shm sendrecv" "shm rdma"; do
+  set -- $case
+  skip="connect_close_cycles"
+  [[ $1 == tcp && $2 == sendrecv ]] && skip="$skip|$known_tcp_sendrecv"
+  run "functional.$1.$2.core" env FI_PROVIDER=$1 FI_TCP_IFACE=lo FABRIC_TRANSPORT=$2 FABRIC_TEST_API=core \
+    "$fn/fabric-functional-core" --jobs=2 "--filter=!(functional/@($skip))"
+done
+for prov in tcp shm; do
+  run "functional.rma.$prov.v16.n2" env FI_PROVIDER=$prov FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma \
+    FABRIC_TEST_RMA_API=16 "$fn/fabric-rma" --ranks 2
+done
+# unit.threads.shm crashes in libfabric 2.x's shm AV (an in-process peer; docs/known-bugs.md): tcp only
+run "unit.threads.tcp" "$top/build/tests/unit/fabric-unit-threads" tcp
+
+# --- the plugin built against 2.x ----------------------------------------------------------------------
+echo "the plugin built against libfabric $version:"
+rm -f "$out/build/CMakeCache.txt" # pkg-config's answer is cached: a runtime at another prefix needs a fresh one
+PKG_CONFIG_PATH=$prefix/lib/pkgconfig cmake -S "$top" -B "$out/build" -G Ninja -DFABRIC_BUILD_TESTS=OFF \
+  >"$out/cmake.log" 2>&1 && cmake --build "$out/build" >"$out/build.log" 2>&1 ||
+  { tail -20 "$out/build.log" "$out/cmake.log"; echo "libfabric2.sh: FAILED: building against $version"; exit 1; }
+grep -q "$prefix" "$out/build/CMakeCache.txt" || { echo "libfabric2.sh: FAILED: the build did not use $prefix"; exit 1; }
+for prov in tcp shm; do
+  run "fabric-info.$prov" env FI_PROVIDER=$prov FI_TCP_IFACE=lo "$out/build/tests/tools/fabric-info" --selftest \
+    --plugin "$out/build/libnccl-net-fabric.so"
+done
+exit $fail
