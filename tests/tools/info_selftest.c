@@ -168,6 +168,18 @@ static int run_rank(int rank, const char* plugin, size_t bytes, int timeout_ms, 
   return rc;
 }
 
+/* run_rank with the plugin's log kept apart (the probe's log stays the
+ * report's); on failure the plugin's last line joins the reason. */
+static int run_rank_quietly(int rank, const char* plugin, size_t bytes, int timeout_ms, int handle_pipe[2],
+                            double* secs, char* why) {
+  static info_report quiet;
+  memset(&quiet, 0, sizeof quiet);
+  info_log_attach(&quiet);
+  int rc = run_rank(rank, plugin, bytes, timeout_ms, handle_pipe, secs, why);
+  if (rc && quiet.nlog) snprintf(why + strlen(why), INFO_LINE - strlen(why), "; plugin: %s", quiet.log[quiet.nlog - 1]);
+  return rc;
+}
+
 int info_selftest(info_report* r, const char* plugin_path, size_t bytes, int timeout_ms) {
   int handle_pipe[2], why_pipe[2];
   r->selftest_ran = 1;
@@ -179,13 +191,9 @@ int info_selftest(info_report* r, const char* plugin_path, size_t bytes, int tim
   fflush(NULL);
   pid_t pid = fork();
   if (pid == 0) {
-    static info_report quiet;
-    memset(&quiet, 0, sizeof quiet);
-    info_log_attach(&quiet);
     char why[INFO_LINE] = "";
     double secs = 0;
-    int rc = run_rank(1, plugin_path, bytes, timeout_ms, handle_pipe, &secs, why);
-    if (rc && quiet.nlog) snprintf(why + strlen(why), INFO_LINE - strlen(why), "; plugin: %s", quiet.log[quiet.nlog - 1]);
+    int rc = run_rank_quietly(1, plugin_path, bytes, timeout_ms, handle_pipe, &secs, why);
     (void)!write(why_pipe[1], why, strlen(why) + 1);
     _exit(rc ? 1 : 0);
   }
@@ -193,13 +201,9 @@ int info_selftest(info_report* r, const char* plugin_path, size_t bytes, int tim
     snprintf(r->selftest_detail, INFO_LINE, "fork: %s", strerror(errno));
     return -1;
   }
-  static info_report quiet; /* the probe's log stays the report's; this run's only explains a failure */
-  memset(&quiet, 0, sizeof quiet);
-  info_log_attach(&quiet);
   char why[INFO_LINE] = "";
   double secs = 0;
-  int rc = run_rank(0, plugin_path, bytes, timeout_ms, handle_pipe, &secs, why);
-  if (rc && quiet.nlog) snprintf(why + strlen(why), INFO_LINE - strlen(why), "; plugin: %s", quiet.log[quiet.nlog - 1]);
+  int rc = run_rank_quietly(0, plugin_path, bytes, timeout_ms, handle_pipe, &secs, why);
   info_log_attach(r);
   if (rc) kill(pid, SIGKILL);
   int status = 0;
