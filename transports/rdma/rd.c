@@ -134,8 +134,9 @@ static void rd_sizes(fab_req* r, int* sizes) {
 static uint8_t rd_prof_path(fab_req* r, int sub) {
   if (r->type == FAB_REQ_SEND) {
     rd_sreq* q = rd_sq(r);
-    if (q->eager_slot >= 0) return FAB_PROF_PATH_EAGER;
-    return q->matched ? FAB_PROF_PATH_WRITE : FAB_PROF_PATH_CONTROL;
+    /* read while another thread may post it (under the ep lock): a report, not a decision */
+    if (atomic_load_explicit(&q->eager, memory_order_relaxed)) return FAB_PROF_PATH_EAGER;
+    return __atomic_load_n(&q->matched, __ATOMIC_RELAXED) ? FAB_PROF_PATH_WRITE : FAB_PROF_PATH_CONTROL;
   }
   rd_rsub* b = &rd_rq(r)->sub[sub];
   if (atomic_load_explicit(&b->state, memory_order_acquire) != RD_SUB_DONE) return FAB_PROF_PATH_CONTROL;

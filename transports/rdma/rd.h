@@ -58,6 +58,7 @@ typedef struct rd_sreq {
   uint32_t k;     /* its number among the connection's sends with its tag */
   int matched;
   int eager_slot; /* the staging slot its eager write reads (-1: none) */
+  _Atomic uint8_t eager; /* it went eager (profiler events; set by whichever thread posts it) */
 } rd_sreq;
 
 /* The sender's state lives under the endpoint lock (see rd_send.c), but for

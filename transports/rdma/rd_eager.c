@@ -147,6 +147,7 @@ ssize_t rd_eager_post(fab_comm* c, fab_req* r) {
   }
   if (rc != 0) return rc == -FI_EAGAIN ? rc : (ssize_t)-FI_EAGAIN; /* the announced path takes it */
   s->ring_free &= (uint16_t)~(1u << slot);
+  atomic_store_explicit(&q->eager, 1, memory_order_relaxed);
   s->acked_sent = s->next_index; /* the header told the receiver */
   s->dropped = 0;
   return 0;

@@ -175,6 +175,7 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   q->desc = mr ? mr->desc : NULL;
   q->matched = 0;
   q->eager_slot = -1;
+  atomic_store_explicit(&q->eager, 0, memory_order_relaxed);
   fab_endpoint* ep = c->ep;
   pthread_mutex_lock(&ep->lock);
   int64_t k = c->error == FAB_OK ? rd_tagmap_take(&s->sent, tag) : -1;
