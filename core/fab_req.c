@@ -35,7 +35,8 @@ size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_er
   if (err->err == FI_ECANCELED && c->error == FAB_OK) {
     /* not our cancel (close and fab_comm_fail cancel on failed or closing
      * comms): the provider gave up on the connection under it (libfabric
-     * 2.x's ofi_rxm cancels a rendezvous send whose peer went away) */
+     * 2.x's tcp provider, RDM without ofi_rxm, cancels a send whose peer
+     * went away) */
     r->result = FAB_ERR_REMOTE;
     snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s was cancelled by the provider: the connection to the "
              "peer was lost; the peer process probably exited", dir_word(r), size, tag, peer_word(r), c->peer_name);

@@ -49,7 +49,7 @@ static void text_devices(const info_version* v) {
 }
 
 static void print_text(const info_report* r, int failed) {
-  printf("libfabric %s; providers with RDM endpoints:", r->fi_version);
+  printf("libfabric %s (API version); providers with RDM endpoints:", r->fi_version);
   for (int i = 0; i < r->nproviders; i++) printf(" %s", r->providers[i]);
   printf("%s\n", r->nproviders ? "" : " none");
   printf("settings:%s\n", r->nenv ? "" : " none (defaults: the first provider that fits, transport auto)");
