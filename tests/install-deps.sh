@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config python3 python3-jinja2
           libfabric-dev libfabric-bin libcriterion-dev libhwloc-dev binutils
-          python3-matplotlib) # tests/bench/plot.py, checked by bench.plot
+          python3-matplotlib  # tests/bench/plot.py, checked by bench.plot
+          autoconf automake libtool) # tests/libfabric2.sh builds libfabric 2.x from source
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -28,7 +28,6 @@ else
   key=$(stat -c '%n %s %Y' "$src")
   if [[ ! -e $prefix/lib/libfabric.so || "$(cat "$out/stamp" 2>/dev/null)" != "$key" ]]; then
     echo "building libfabric from $src (once; cached in $out)"
-    command -v libtoolize >/dev/null || apt-get install -y -q --no-install-recommends libtool >/dev/null
     rm -rf "$out/src" "$prefix"
     mkdir -p "$out/src"
     if [[ -f $src ]]; then tar xzf "$src" -C "$out/src"; else cp -a "$src/." "$out/src/"; fi
