@@ -3,7 +3,8 @@
 
 #include <stdlib.h>
 
-/* A write where the device asks for a completion level (dev->write_flags:
+/* Every write posted as a message goes through here. Above the inject size
+ * it takes the device's completion level (dev->write_flags:
  * delivery, where the provider would complete it from a socket buffer, so
  * that a sender closing right after its sends completed loses nothing).
  * Writes up to the inject size go inline with local completion instead: the
@@ -53,11 +54,7 @@ ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* b
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (FAB_UNLIKELY(len > ep->dev->inject_size)) return -FI_EMSGSIZE;
   if (ep->dev->local_only) return inject_placed(ep, peer, buf, len, w, off, data, op);
-  struct iovec iov = {.iov_base = (void*)buf, .iov_len = len};
-  struct fi_rma_iov rma = {.addr = w->addr + off, .len = len, .key = w->key};
-  struct fi_msg_rma msg = {.msg_iov = &iov, .iov_count = 1, .addr = peer, .rma_iov = &rma, .rma_iov_count = 1,
-                           .context = &op->ctx, .data = data};
-  return fi_writemsg(ep->ep, &msg, FI_INJECT | FI_COMPLETION | FI_REMOTE_CQ_DATA);
+  return write_msg(ep, peer, buf, len, NULL, w, off, data, FI_REMOTE_CQ_DATA, op); /* inline: len fits */
 }
 
 ssize_t fab_rma_ctl_write(fab_comm* c, const void* buf, size_t len, const fab_window* w, uint64_t off,
