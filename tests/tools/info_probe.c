@@ -63,18 +63,18 @@ static void probe_env(info_report* r) {
 }
 
 int info_bind_newest(void* dl, fab_api* api, char* symbol, size_t len) {
-  for (int v = 99; v >= 0; v--) {
-    char sym[40];
-    snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", v);
-    const struct fab_driver_info* d = fab_driver_find(sym);
-    void* table = d && strcmp(d->family, "net") == 0 ? dlsym(dl, sym) : NULL;
-    if (!table) continue;
-    memset(api, 0, sizeof *api);
-    if (fab_driver_bind(sym, table, api) != 0) return -1;
-    snprintf(symbol, len, "%s", sym);
-    return 0;
+  const struct fab_driver_info* best = NULL;
+  void* table = NULL;
+  for (int i = 0; i < fab_driver_count; i++) { /* the newest net table both the library and the drivers know */
+    const struct fab_driver_info* d = &fab_drivers[i];
+    void* t = strcmp(d->family, "net") == 0 && (!best || d->version > best->version) ? dlsym(dl, d->symbol) : NULL;
+    if (t) best = d, table = t;
   }
-  return -1;
+  if (!best) return -1;
+  memset(api, 0, sizeof *api);
+  if (best->bind(table, api) != 0) return -1;
+  snprintf(symbol, len, "%s", best->symbol);
+  return 0;
 }
 
 /* What one net version reports for every device. */
