@@ -8,10 +8,12 @@
 #   fabric_drivers            static library: the generated drivers (fab_api over
 #                             every exported version's table) plus a translation
 #                             unit that compiles every ABI layout assert.
-#   fabric_add_net_plugin(<target> VERSIONS <v>... [RMA_VERSIONS <v>...] GENERATED_DIR <dir>)
+#   fabric_add_net_plugin(<target> [VERSIONS <v>...] [RMA_VERSIONS <v>...] [GIN_VERSIONS <v>...]
+#                         [NEURON_VERSIONS <v>...] GENERATED_DIR <dir>)
 #                             SHARED library lib<target>.so: fabric_engine plus
 #                             the chosen versions' shims, exporting exactly their
-#                             ncclNetPlugin_vN symbols.
+#                             tables. VERSIONS are the net family's. Families
+#                             of one library only (a spec's [family].library).
 
 get_filename_component(FABRIC_TOP ${CMAKE_CURRENT_LIST_DIR} DIRECTORY)
 set(FABRIC_CODEGEN_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/generate.py)
@@ -73,21 +75,31 @@ add_dependencies(fabric_drivers fabric_codegen)
 # ---- the plugin library -----------------------------------------------------------------
 
 function(fabric_add_net_plugin target)
-  cmake_parse_arguments(ARG "" "GENERATED_DIR" "VERSIONS;RMA_VERSIONS;GIN_VERSIONS" ${ARGN})
+  cmake_parse_arguments(ARG "" "GENERATED_DIR" "VERSIONS;RMA_VERSIONS;GIN_VERSIONS;NEURON_VERSIONS" ${ARGN})
   if(NOT ARG_GENERATED_DIR)
     set(ARG_GENERATED_DIR ${FABRIC_GENERATED_DIR})
   endif()
-  if(NOT ARG_VERSIONS)
-    message(FATAL_ERROR "fabric_add_net_plugin(${target}): VERSIONS is empty")
-  endif()
+  set(ARG_NET_VERSIONS ${ARG_VERSIONS})
   set(sources ${ARG_GENERATED_DIR}/${FABRIC_GEN_SHIM_COMMON})
   set(symbols "")
+  set(library "")
+  set(chosen "")
+  set(all "")
   # Each family: the versions asked for must be described; their shims are
-  # linked and their tables exported.
-  set(ARG_NET_VERSIONS ${ARG_VERSIONS})
-  foreach(fam NET RMA GIN)
+  # linked and their tables exported. The families of one library must all
+  # belong to it (the specs say which library exports a family).
+  foreach(fam NET RMA GIN NEURON)
     set(wanted ${ARG_${fam}_VERSIONS})
     string(TOLOWER ${fam} fam_name)
+    if(wanted)
+      if(library AND NOT library STREQUAL FABRIC_GEN_${fam}_LIBRARY)
+        message(FATAL_ERROR "fabric_add_net_plugin(${target}): ${fam_name} tables belong in "
+                            "lib${FABRIC_GEN_${fam}_LIBRARY}.so, not lib${library}.so (abi/${fam_name}.toml)")
+      endif()
+      set(library ${FABRIC_GEN_${fam}_LIBRARY})
+      list(APPEND chosen ${fam} ${wanted})
+      list(APPEND all ${fam} ${FABRIC_GEN_${fam}_VERSIONS})
+    endif()
     foreach(v IN LISTS wanted)
       if(NOT v IN_LIST FABRIC_GEN_${fam}_VERSIONS)
         message(FATAL_ERROR "fabric_add_net_plugin(${target}): ${fam_name} v${v} is not described in "
@@ -97,16 +109,23 @@ function(fabric_add_net_plugin target)
       string(APPEND symbols "    ${FABRIC_GEN_${fam}_SYMBOL_${v}};\n")
     endforeach()
   endforeach()
+  if(NOT library)
+    message(FATAL_ERROR "fabric_add_net_plugin(${target}): no versions of any family chosen")
+  endif()
 
   # Exactly the chosen tables are global; everything else (core included) is
-  # local. Every version: the generated script; a subset: the same shape here.
-  set(chosen NET ${ARG_VERSIONS} RMA ${ARG_RMA_VERSIONS} GIN ${ARG_GIN_VERSIONS})
-  set(all NET ${FABRIC_GEN_NET_VERSIONS} RMA ${FABRIC_GEN_RMA_VERSIONS} GIN ${FABRIC_GEN_GIN_VERSIONS})
-  if(chosen STREQUAL all)
-    set(map ${ARG_GENERATED_DIR}/exports/fabric-net.map)
-  else()
+  # local. Every version of the library's families: the generated script; a
+  # subset: the same shape here.
+  set(map ${ARG_GENERATED_DIR}/exports/${library}.map)
+  set(generated_all "")
+  foreach(fam NET RMA GIN NEURON)
+    if(FABRIC_GEN_${fam}_LIBRARY STREQUAL library)
+      list(APPEND generated_all ${fam} ${FABRIC_GEN_${fam}_VERSIONS})
+    endif()
+  endforeach()
+  if(NOT chosen STREQUAL generated_all)
     set(map ${CMAKE_CURRENT_BINARY_DIR}/${target}.map)
-    file(CONFIGURE OUTPUT ${map} CONTENT "/* Written by codegen/codegen.cmake for ${target}: net versions ${ARG_VERSIONS}, rma versions ${ARG_RMA_VERSIONS}, gin versions ${ARG_GIN_VERSIONS}. */
+    file(CONFIGURE OUTPUT ${map} CONTENT "/* Written by codegen/codegen.cmake for ${target}: ${chosen}. */
 {
   global:
 @symbols@  local:
@@ -122,8 +141,8 @@ function(fabric_add_net_plugin target)
   target_link_options(${target} PRIVATE "LINKER:--version-script=${map}" "LINKER:--no-undefined")
   set_target_properties(${target} PROPERTIES OUTPUT_NAME ${target} PREFIX lib C_VISIBILITY_PRESET hidden
                         LINK_DEPENDS ${map})
-  set_property(TARGET ${target} PROPERTY FABRIC_NET_VERSIONS "${ARG_VERSIONS}")
-  set_property(TARGET ${target} PROPERTY FABRIC_RMA_VERSIONS "${ARG_RMA_VERSIONS}")
-  set_property(TARGET ${target} PROPERTY FABRIC_GIN_VERSIONS "${ARG_GIN_VERSIONS}")
+  foreach(fam NET RMA GIN NEURON)
+    set_property(TARGET ${target} PROPERTY FABRIC_${fam}_VERSIONS "${ARG_${fam}_VERSIONS}")
+  endforeach()
   add_dependencies(${target} fabric_codegen)
 endfunction()

@@ -49,6 +49,14 @@ typedef struct fab_api {
                       void** phandles, void** request);
   fab_result (*iflush)(void* recv_comm, int n, void** data, const int* sizes, void** mhandles, void** request);
   fab_result (*test)(void* request, int* done, int* sizes);
+  /* one-sided calls on a connection: Neuron v5+ tables (NULL elsewhere) */
+  fab_result (*get_mr_key)(void* mhandle, uint64_t* mr_key);
+  fab_result (*iwrite)(void* send_comm, void* src, size_t size, void* src_mhandle, uint64_t dest, uint64_t mr_key,
+                       void** request);
+  fab_result (*iwrite_inline)(void* send_comm, void* src, size_t size, uint64_t dest, uint64_t mr_key,
+                              void** request);
+  fab_result (*iread)(void* recv_comm, void* dest, size_t size, void* dest_mhandle, uint64_t src, uint64_t mr_key,
+                      void** request);
 } fab_api;
 
 /* The same for NCCL's RMA tables (one-sided groups). */

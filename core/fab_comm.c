@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "fab_conn.h"
+#include "fab_pwin.h"
 #include "fab_transport.h"
 
 static void comm_destroy(fab_parked* p) { fab_comm_free(FAB_CONTAINER_OF(p, fab_comm, park)); }
@@ -163,6 +164,7 @@ void fab_comm_free(fab_comm* c) {
   }
   fab_pool_fini(&c->reqs);
   free(c->prof);
+  fab_pwin_free(c->pwin);
   fab_ep_ctrl_dereg(c->answer_mr);
   fab_ep_av_release(c->ep, c->peer);
   c->magic = 0;

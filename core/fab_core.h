@@ -84,6 +84,10 @@ typedef struct {
   int max_multi_request_size;
   int16_t rail_id;
   int16_t plane_id;
+  /* one-sided calls on a connection (Neuron tables; fab_p2p_get_properties) */
+  size_t max_write_inline_size; /* iwriteInline's largest size */
+  size_t max_mr_key_size;       /* bytes of a key getMrKey returns */
+  int rma_supported;            /* getMrKey, iwrite, iwriteInline and iread work */
 } fab_properties;
 
 typedef struct {
@@ -223,6 +227,40 @@ fab_result fab_rma_iflush(void* rma_ctx, int context, void* mhandle, uint32_t ra
 fab_result fab_rma_test(void* coll, void* request, int* done);
 fab_result fab_rma_progress(void* rma_ctx);
 fab_result fab_rma_query_last_error(void* rma_ctx, bool* has_error);
+
+/* --- one-sided calls on a connection (Neuron tables) ----------------------- */
+
+/* Process-wide fini (Neuron v6): ends what fab_init_process began. */
+fab_result fab_fini_process(void);
+/* fab_get_properties, seen by a runtime that registers per connection and
+ * may write and read its peer's windows: rma_supported (the device runs the
+ * rdma transport), max_write_inline_size, max_mr_key_size; reg_is_global 0
+ * (a window is offered to the peer of the comm it is registered on); host
+ * memory only. */
+fab_result fab_p2p_get_properties(int dev, fab_properties* props);
+/* fab_reg_mr / fab_reg_mr_dmabuf that also offer [data, data + size) to the
+ * comm's peer for its iwrite and iread (where the device supports them), and
+ * the deregistration that withdraws the offer. */
+fab_result fab_reg_mr_offered(void* comm, void* data, size_t size, int type, void** mhandle);
+fab_result fab_reg_mr_dmabuf_offered(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                                     void** mhandle);
+fab_result fab_dereg_mr_offered(void* comm, void* mhandle);
+/* The remote key of a registration, as the peer passes it to iwrite/iread. */
+fab_result fab_get_mr_key(void* mhandle, uint64_t* mr_key);
+/* Writes size bytes from src into the peer's memory at dest (its virtual
+ * address), inside a window the peer offered on this connection with key
+ * mr_key; reads the same way on a recv comm. *request NULL on success: call
+ * again (the peer's offer may still be on its way, or every request is in
+ * flight). Completion means the data is placed (read: here; write: at the
+ * peer, as far as the provider can tell). */
+fab_result fab_iwrite(void* send_comm, void* src, size_t size, void* src_mhandle, uint64_t dest, uint64_t mr_key,
+                      void** request);
+/* size <= max_write_inline_size; src needs no registration and may be reused
+ * at once. */
+fab_result fab_iwrite_inline(void* send_comm, void* src, size_t size, uint64_t dest, uint64_t mr_key,
+                             void** request);
+fab_result fab_iread(void* recv_comm, void* dest, size_t size, void* dest_mhandle, uint64_t src, uint64_t mr_key,
+                     void** request);
 
 /* --- helpers the generated shims use ------------------------------------- */
 

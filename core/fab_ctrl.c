@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "fab_conn.h"
+#include "fab_pwin.h"
 #include "fab_transport.h"
 
 /* --- refusals: best-effort answers that free themselves ------------------- */
@@ -71,8 +72,30 @@ static int ctrl_rx_post(fab_ctrl_rx* rx) {
   return (int)fi_recv(ep->ep, &rx->msg, sizeof(rx->msg), rx->desc, FI_ADDR_UNSPEC, &rx->op.ctx);
 }
 
+/* A window offer (fab_pwin.h) for one of ep's comms. One that names no live
+ * connection is dropped: the comm closed while the offer was on its way. */
+static void window_deliver(fab_endpoint* ep, const void* raw, size_t len) {
+  fab_wire_window m;
+  char why[160];
+  if (fab_wire_window_decode(raw, len, &m, why, sizeof(why)) != 0) {
+    FAB_WARN("ignored a malformed window offer on %s: %s (a foreign or corrupted sender)", ep->dev->name, why);
+    return;
+  }
+  fab_comm* c = fab_ep_id_get(ep, m.target_id);
+  if (!c || c->closing || c->peer_id != m.source_id || c->conn_id != m.conn_id) {
+    FAB_INFO(FAB_SUBSYS_NET, "%s: dropped a window offer for connection %u (comm %u), which is not open here",
+             ep->dev->name, m.conn_id, m.target_id);
+    return;
+  }
+  fab_pwin_apply(c, &m);
+}
+
 static void ctrl_rx_deliver(fab_endpoint* ep, const fab_wire_connect* raw, size_t len) {
   if (len == 0) return; /* a liveness probe: its delivery is all the sender wanted */
+  if (fab_wire_magic(raw, len) == FAB_WINDOW_MAGIC) {
+    window_deliver(ep, raw, len);
+    return;
+  }
   fab_wire_connect m;
   char why[160];
   if (fab_wire_connect_decode(raw, len, &m, why, sizeof(why)) != 0) {

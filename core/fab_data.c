@@ -7,6 +7,7 @@
 
 #include "fab_prof.h"
 #include "fab_mr.h"
+#include "fab_pwin.h"
 #include "fab_req.h"
 #include "fab_transport.h"
 
@@ -176,6 +177,8 @@ fab_result fab_test(void* request, int* done, int* sizes) {
   if (FAB_UNLIKELY(!done)) return fab_bad_argument("test", "done", 0, "a non-NULL pointer");
   *done = 0;
   fab_req* r = request;
+  if (FAB_UNLIKELY((uintptr_t)r >= 4096 && !((uintptr_t)r & 7) && r->magic == FAB_OSREQ_MAGIC))
+    return fab_osreq_test(request, done, sizes); /* iwrite / iread (fab_p2p_rma.c, fab_pwin.c) */
   if (FAB_UNLIKELY((uintptr_t)r < 4096 || ((uintptr_t)r & 7) || r->magic != FAB_REQ_MAGIC ||
                    r->state != FAB_REQ_ACTIVE)) {
     FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);

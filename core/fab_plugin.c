@@ -142,6 +142,21 @@ fab_result fab_init_process(fab_logger_fn logger, fab_profiler_fn profiler) {
   return rc;
 }
 
+fab_result fab_fini_process(void) {
+  pthread_mutex_lock(&fab_g.lock);
+  fab_ctx* ctx = fab_g.process;
+  if (!ctx) {
+    pthread_mutex_unlock(&fab_g.lock);
+    FAB_WARN("fini: the plugin is not initialised (fini called twice, or before init)");
+    return FAB_ERR_INTERNAL;
+  }
+  fab_g.process = NULL;
+  ctx_destroy(ctx);
+  if (fab_g.ninit == 0) engine_down();
+  pthread_mutex_unlock(&fab_g.lock);
+  return FAB_OK;
+}
+
 fab_result fab_finalize(fab_ctx* handle) {
   pthread_mutex_lock(&fab_g.lock);
   fab_ctx* ctx = fab_obj_get(handle, FAB_OBJ_CTX);

@@ -41,8 +41,9 @@ ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t 
  * the post returns: nothing is left to send, so the completion would say
  * nothing (and costs a CQ entry per message). It is given at once. */
 static ssize_t inject_placed(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
-                             uint64_t off, uint64_t data, fab_op* op) {
-  ssize_t rc = fi_inject_writedata(ep->ep, buf, len, data, peer, w->addr + off, w->key);
+                             uint64_t off, const uint64_t* data, fab_op* op) {
+  ssize_t rc = data ? fi_inject_writedata(ep->ep, buf, len, *data, peer, w->addr + off, w->key)
+                    : fi_inject_write(ep->ep, buf, len, peer, w->addr + off, w->key);
   if (rc != 0) return rc;
   fab_cqe done = {.op_context = &op->ctx, .flags = FI_RMA | FI_WRITE, .len = len};
   op->fn(op, &done, NULL);
@@ -53,8 +54,16 @@ ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* b
                                  const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (FAB_UNLIKELY(len > ep->dev->inject_size)) return -FI_EMSGSIZE;
-  if (ep->dev->local_only) return inject_placed(ep, peer, buf, len, w, off, data, op);
+  if (ep->dev->local_only) return inject_placed(ep, peer, buf, len, w, off, &data, op);
   return write_msg(ep, peer, buf, len, NULL, w, off, data, FI_REMOTE_CQ_DATA, op); /* inline: len fits */
+}
+
+ssize_t fab_rma_inject_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
+                             uint64_t off, fab_op* op) {
+  if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
+  if (FAB_UNLIKELY(len > ep->dev->inject_size)) return -FI_EMSGSIZE;
+  if (ep->dev->local_only) return inject_placed(ep, peer, buf, len, w, off, NULL, op);
+  return write_msg(ep, peer, buf, len, NULL, w, off, 0, 0, op); /* inline: len fits */
 }
 
 ssize_t fab_rma_ctl_write(fab_comm* c, const void* buf, size_t len, const fab_window* w, uint64_t off,

@@ -167,3 +167,54 @@ int fab_tag_layout_init(fab_tag_layout* t, uint64_t mem_tag_format) {
   t->conn_max = (uint32_t)((1ULL << conn_bits) - 1);
   return 0;
 }
+
+void fab_wire_window_encode(fab_wire_window* m, uint16_t op, uint32_t target_id, uint32_t source_id, uint32_t conn_id,
+                            uint64_t id, uint64_t va, uint64_t addr, uint64_t len, uint64_t key) {
+  memset(m, 0, sizeof(*m));
+  m->magic = FAB_WINDOW_MAGIC;
+  m->version = FAB_WIRE_VERSION;
+  m->op = op;
+  m->target_id = target_id;
+  m->source_id = source_id;
+  m->conn_id = conn_id;
+  m->id = id;
+  m->va = va;
+  m->addr = addr;
+  m->len = len;
+  m->key = key;
+  SEAL(m);
+}
+
+int fab_wire_window_decode(const void* buf, size_t len, fab_wire_window* out, char* why, size_t why_len) {
+  if (len != sizeof(fab_wire_window)) {
+    WHY("window offer of %zu bytes, expected %zu", len, sizeof(fab_wire_window));
+    return -1;
+  }
+  fab_wire_window m;
+  memcpy(&m, buf, sizeof(m));
+  if (m.magic != FAB_WINDOW_MAGIC || m.version != FAB_WIRE_VERSION) {
+    WHY("window offer with magic 0x%08x version %u", m.magic, m.version);
+    return -1;
+  }
+  if (check_sum(&m, &m.checksum, sizeof(m)) != 0) {
+    WHY("window offer checksum mismatch");
+    return -1;
+  }
+  if (m.op != FAB_WINDOW_ADD && m.op != FAB_WINDOW_REMOVE) {
+    WHY("window offer with operation %u", m.op);
+    return -1;
+  }
+  if (m.op == FAB_WINDOW_ADD && (m.len == 0 || m.va + m.len < m.va || m.addr + m.len < m.addr)) {
+    WHY("window offer of %llu bytes at 0x%llx (address %llu) wraps around", (unsigned long long)m.len,
+        (unsigned long long)m.va, (unsigned long long)m.addr);
+    return -1;
+  }
+  *out = m;
+  return 0;
+}
+
+uint32_t fab_wire_magic(const void* buf, size_t len) {
+  uint32_t magic = 0;
+  if (len >= sizeof(magic)) memcpy(&magic, buf, sizeof(magic));
+  return magic;
+}

@@ -80,7 +80,33 @@ typedef struct fab_wire_accept {
   fab_wire_tp tp;
 } fab_wire_accept;
 
+/* A window offer, either end of a connection -> the other: an untagged
+ * message like a connect request, into the same receives. It names the
+ * receiving comm by (target_id, source_id, conn_id), all three known to both
+ * ends from the handshake, and says that memory [va, va + len) of the sender,
+ * reachable at provider address addr with key, may be written and read
+ * through this connection (FAB_WINDOW_ADD) or no longer (FAB_WINDOW_REMOVE,
+ * by id). Ordered with the sender's other messages (FI_ORDER_SAS). */
+#define FAB_WINDOW_MAGIC 0x57424146u /* "FABW" */
+enum { FAB_WINDOW_ADD = 1, FAB_WINDOW_REMOVE = 2 };
+typedef struct fab_wire_window {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t op;        /* FAB_WINDOW_* */
+  uint32_t target_id; /* the receiving comm's id on its endpoint */
+  uint32_t source_id; /* the sending comm's id on its endpoint */
+  uint32_t conn_id;   /* the connection's id (assigned by its receiving end) */
+  uint32_t checksum;
+  uint64_t id;        /* the window's number among the sender's offers on this connection */
+  uint64_t va;        /* the sender's virtual address of the window */
+  uint64_t addr;      /* the same as the sender's provider addresses it (va, or 0: offsets) */
+  uint64_t len;
+  uint64_t key;
+} fab_wire_window;
+
 _Static_assert(sizeof(fab_wire_handle) == FAB_HANDLE_SIZE, "handle must be exactly 128 bytes");
+_Static_assert(sizeof(fab_wire_window) == 64, "window offer layout");
+_Static_assert(sizeof(fab_wire_window) <= sizeof(fab_wire_connect), "a window offer fits a connect-request receive");
 _Static_assert(sizeof(fab_wire_tp) == 56, "transport payload layout");
 _Static_assert(sizeof(fab_wire_connect) == 184, "connect message layout");
 _Static_assert(sizeof(fab_wire_accept) == 88, "accept message layout");
@@ -101,6 +127,12 @@ void fab_wire_accept_encode(fab_wire_accept* m, uint16_t status, uint64_t listen
 int fab_wire_accept_decode(const void* buf, size_t len, fab_wire_accept* out, char* why, size_t why_len);
 
 const char* fab_wire_status_str(unsigned status);
+
+void fab_wire_window_encode(fab_wire_window* m, uint16_t op, uint32_t target_id, uint32_t source_id, uint32_t conn_id,
+                            uint64_t id, uint64_t va, uint64_t addr, uint64_t len, uint64_t key);
+int fab_wire_window_decode(const void* buf, size_t len, fab_wire_window* out, char* why, size_t why_len);
+/* The magic of len received bytes (0 when fewer than 4). */
+uint32_t fab_wire_magic(const void* buf, size_t len);
 
 /* --- tags ------------------------------------------------------------------
  * Connect requests and liveness probes are untagged messages (fi_send into

@@ -197,6 +197,7 @@ class Family:
     layout: VMap = None
     tables: dict = field(default_factory=dict)
     api: str = "fab_api"            # the core table its drivers fill (core/fab_api.h)
+    library: str = "nccl-net-fabric"  # the shared library (lib<library>.so) that exports its tables
     export_versions: set = field(default_factory=set)  # versions with an exported table
 
     def header_for(self, v):

@@ -189,7 +189,7 @@ class Spec:
 
     def _family(self, node):
         node.keys({"name", "title", "versions", "table", "symbol", "header", "export", "plugin_name",
-                   "handle_size", "releases", "status", "doc", "api"},
+                   "handle_size", "releases", "status", "doc", "api", "library"},
                   {"name", "title", "versions", "table", "symbol", "header", "releases"})
         versions = node.get("versions", list)
         if not versions or any(not isinstance(v, int) or isinstance(v, bool) for v in versions):
@@ -225,9 +225,20 @@ class Spec:
             raise node.error("a family with versions that are not exported needs 'status' saying why")
         fam._handle = handle
         fam.api = node.get("api", str, "fab_api")
+        fam.library = node.get("library", str, "nccl-net-fabric")
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", fam.library):
+            raise node.error(f"'{fam.library}' is not a library name (lower case, digits, '-'; built as lib<name>.so)",
+                             "library")
         for other in self.families:
             if other.key == fam.key:
                 raise node.error(f"family '{fam.key}' is already defined in {other.file}", "name")
+            if other.library == fam.library:
+                mine = {fam.symbol.replace("{v}", str(v)) for v in fam.export_versions}
+                clash = sorted(mine & {other.symbol.replace("{v}", str(v)) for v in other.export_versions})
+                if clash:
+                    raise node.error(f"{', '.join(clash)} would be exported twice from lib{fam.library}.so (also by "
+                                     f"family '{other.key}' in {other.file}): give this family a library of its own",
+                                     "library")
         self.families.append(fam)
         return fam
 

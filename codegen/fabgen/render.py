@@ -184,8 +184,9 @@ def _exported(spec, shared_file):
     outs.append(Output("out", "drivers/fab_drivers.h", "drivers.h.j2", srcs, dict(
         exports=exports, array_max=DRIVER_ARRAY_MAX)))
     outs.append(Output("out", "drivers/fab_drivers.c", "drivers.c.j2", srcs, dict(exports=exports)))
-    outs.append(Output("out", "exports/fabric-net.map", "version-script.map.j2", srcs, dict(
-        symbols=[t.symbol for fam, v, t, _ in exports])))
+    for lib in sorted({fam.library for fam, _, _, _ in exports}):
+        outs.append(Output("out", f"exports/{lib}.map", "version-script.map.j2", srcs, dict(
+            library=lib, symbols=[t.symbol for fam, v, t, _ in exports if fam.library == lib])))
     outs.append(Output("out", "exports/fabric_exports.cmake", "exports.cmake.j2", srcs, dict(exports=exports)))
     return outs
 

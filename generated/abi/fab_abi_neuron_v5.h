@@ -2,7 +2,6 @@
 /*
  * Neuron net v5: ncclNeuronNet_v5_t, looked up as "ncclNetPlugin_v5".
  * NCCL releases: Neuron runtime (aws-ofi-nccl neuron build).
- * Status: layout-checked; not exported until its transport exists.
  */
 #ifndef FAB_GENERATED_FAB_ABI_NEURON_V5_H
 #define FAB_GENERATED_FAB_ABI_NEURON_V5_H

@@ -2,7 +2,6 @@
 /*
  * Neuron net v6: ncclNeuronNet_v6_t, looked up as "ncclNetPlugin_v6".
  * NCCL releases: Neuron runtime (aws-ofi-nccl neuron build).
- * Status: layout-checked; not exported until its transport exists.
  */
 #ifndef FAB_GENERATED_FAB_ABI_NEURON_V6_H
 #define FAB_GENERATED_FAB_ABI_NEURON_V6_H

@@ -52,6 +52,9 @@ static fab_result drv_get_properties(int dev, fab_properties* props) {
     props->max_multi_request_size = props_abi.maxMultiRequestSize;
     props->rail_id = -1;
     props->plane_id = -1;
+    props->max_write_inline_size = 0;
+    props->max_mr_key_size = 0;
+    props->rma_supported = 0;
   }
   return FAB_OK;
 }

@@ -60,6 +60,9 @@ static fab_result drv_get_properties(int dev, fab_properties* props) {
     props->max_multi_request_size = props_abi.maxMultiRequestSize;
     props->rail_id = -1;
     props->plane_id = -1;
+    props->max_write_inline_size = 0;
+    props->max_mr_key_size = 0;
+    props->rma_supported = 0;
   }
   return FAB_OK;
 }
@@ -179,5 +182,9 @@ int fab_driver_bind_net_v11(const void* table, void* out) {
   api->irecv = tbl->irecv != NULL ? drv_irecv : NULL;
   api->iflush = tbl->iflush != NULL ? drv_iflush : NULL;
   api->test = tbl->test != NULL ? drv_test : NULL;
+  api->get_mr_key = NULL;
+  api->iwrite = NULL;
+  api->iwrite_inline = NULL;
+  api->iread = NULL;
   return 0;
 }

@@ -56,6 +56,12 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_properties*)0)->rail_id), int16_t)
                "abi/core.toml: fab_properties.rail_id is not int16_t");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_properties*)0)->plane_id), int16_t),
                "abi/core.toml: fab_properties.plane_id is not int16_t");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_properties*)0)->max_write_inline_size), size_t),
+               "abi/core.toml: fab_properties.max_write_inline_size is not size_t");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_properties*)0)->max_mr_key_size), size_t),
+               "abi/core.toml: fab_properties.max_mr_key_size is not size_t");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_properties*)0)->rma_supported), int),
+               "abi/core.toml: fab_properties.rma_supported is not int");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_config*)0)->n_contexts), int),
                "abi/core.toml: fab_rma_config.n_contexts is not int");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_config*)0)->traffic_class), int),
@@ -125,6 +131,24 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_iflush), fab_result (*)(void*, int,
                "abi/core.toml: fab_iflush differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_test), fab_result (*)(void*, int*, int*)),
                "abi/core.toml: fab_test differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_fini_process), fab_result (*)()),
+               "abi/core.toml: fab_fini_process differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_p2p_get_properties), fab_result (*)(int, fab_properties*)),
+               "abi/core.toml: fab_p2p_get_properties differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_reg_mr_offered), fab_result (*)(void*, void*, size_t, int, void**)),
+               "abi/core.toml: fab_reg_mr_offered differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_reg_mr_dmabuf_offered), fab_result (*)(void*, void*, size_t, int, uint64_t, int, void**)),
+               "abi/core.toml: fab_reg_mr_dmabuf_offered differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_dereg_mr_offered), fab_result (*)(void*, void*)),
+               "abi/core.toml: fab_dereg_mr_offered differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_get_mr_key), fab_result (*)(void*, uint64_t*)),
+               "abi/core.toml: fab_get_mr_key differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_iwrite), fab_result (*)(void*, void*, size_t, void*, uint64_t, uint64_t, void**)),
+               "abi/core.toml: fab_iwrite differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_iwrite_inline), fab_result (*)(void*, void*, size_t, uint64_t, uint64_t, void**)),
+               "abi/core.toml: fab_iwrite_inline differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_iread), fab_result (*)(void*, void*, size_t, void*, uint64_t, uint64_t, void**)),
+               "abi/core.toml: fab_iread differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_init), fab_result (*)(fab_ctx**, uint64_t, fab_logger_fn)),
                "abi/core.toml: fab_rma_init differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_get_properties), fab_result (*)(int, fab_properties*)),
@@ -198,6 +222,14 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_api*)0)->iflush), __typeof__(&fab_
                "fab_api.iflush does not have the signature of fab_iflush");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_api*)0)->test), __typeof__(&fab_test)),
                "fab_api.test does not have the signature of fab_test");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_api*)0)->get_mr_key), __typeof__(&fab_get_mr_key)),
+               "fab_api.get_mr_key does not have the signature of fab_get_mr_key");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_api*)0)->iwrite), __typeof__(&fab_iwrite)),
+               "fab_api.iwrite does not have the signature of fab_iwrite");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_api*)0)->iwrite_inline), __typeof__(&fab_iwrite_inline)),
+               "fab_api.iwrite_inline does not have the signature of fab_iwrite_inline");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_api*)0)->iread), __typeof__(&fab_iread)),
+               "fab_api.iread does not have the signature of fab_iread");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->init), __typeof__(&fab_rma_init)),
                "fab_rma_api.init does not have the signature of fab_rma_init");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->finalize), __typeof__(&fab_finalize)),

@@ -15,6 +15,9 @@ extern const fab_api fab_api_core;
 #ifndef FT_PLUGIN_PATH
 #define FT_PLUGIN_PATH "libnccl-net-fabric.so"
 #endif
+#ifndef FT_NEURON_PLUGIN_PATH
+#define FT_NEURON_PLUGIN_PATH "libnccom-net-fabric.so"
+#endif
 
 int ft_api_core_available(void) {
 #ifdef FT_WITH_CORE
@@ -28,26 +31,36 @@ int ft_api_selected(void) {
   const char* v = getenv("FABRIC_TEST_API");
   if (!v || !*v) return ft_api_core_available() ? FT_API_CORE : 12;
   if (strcmp(v, "core") == 0) return FT_API_CORE;
+  int base = 0, lo = 6, hi = 12;
+  if (strncmp(v, "neuron", 6) == 0) {
+    v += 6;
+    base = FT_API_NEURON, lo = 5, hi = 6;
+  }
   if (*v == 'v' || *v == 'V') v++;
   char* end = NULL;
   long n = strtol(v, &end, 10);
-  if (!end || *end || n < 6 || n > 12) FT_FAIL("FABRIC_TEST_API=%s: expected core or 6..12", getenv("FABRIC_TEST_API"));
-  return (int)n;
+  if (!end || *end || n < lo || n > hi)
+    FT_FAIL("FABRIC_TEST_API=%s: expected core, 6..12 or neuron5..neuron6", getenv("FABRIC_TEST_API"));
+  return base + (int)n;
 }
 
-const char* ft_plugin_path(void) {
-  const char* p = getenv("FABRIC_TEST_PLUGIN");
-  return p && *p ? p : FT_PLUGIN_PATH;
+const char* ft_plugin_path_for(int api) {
+  const char* p = getenv(api > FT_API_NEURON ? "FABRIC_TEST_NEURON_PLUGIN" : "FABRIC_TEST_PLUGIN");
+  return p && *p ? p : api > FT_API_NEURON ? FT_NEURON_PLUGIN_PATH : FT_PLUGIN_PATH;
 }
 
-static void bind_version(ft_lib* lib, int version) {
-  snprintf(lib->desc, sizeof lib->desc, "ncclNetPlugin_v%d", version);
+const char* ft_plugin_path(void) { return ft_plugin_path_for(ft_api_selected()); }
+
+static void bind_version(ft_lib* lib, int version, const char* path) {
+  const char* family = lib->neuron ? "neuron" : "net";
+  snprintf(lib->desc, sizeof lib->desc, "%sncclNetPlugin_v%d", lib->neuron ? "Neuron " : "", version);
+  const char* sym = lib->desc + (lib->neuron ? 7 : 0);
   dlerror();
-  void* table = dlsym(lib->dl, lib->desc);
-  if (!table) FT_FAIL("%s does not export %s: %s", ft_plugin_path(), lib->desc, dlerror());
+  void* table = dlsym(lib->dl, sym);
+  if (!table) FT_FAIL("%s does not export %s: %s", path, sym, dlerror());
   memset(&lib->api, 0, sizeof lib->api);
-  int rc = fab_driver_bind(lib->desc, table, &lib->api);
-  if (rc != 0) FT_FAIL("fab_driver_bind(%s) failed (%d)", lib->desc, rc);
+  int rc = fab_driver_bind_in(family, sym, table, &lib->api);
+  if (rc != 0) FT_FAIL("fab_driver_bind(%s %s) failed (%d)", family, sym, rc);
   lib->version = version;
   if (lib->api.version != version)
     FT_FAIL("driver for %s reports version %d", lib->desc, lib->api.version);
@@ -65,9 +78,14 @@ void ft_lib_open(ft_lib* lib, int version) {
     FT_FAIL("this binary does not link the engine; FABRIC_TEST_API=core needs fabric-functional-core");
 #endif
   }
-  ft_phase("dlopen %s", ft_plugin_path());
-  lib->dl = dlopen(ft_plugin_path(), RTLD_NOW | RTLD_LOCAL);
-  if (!lib->dl) FT_FAIL("dlopen(%s): %s", ft_plugin_path(), dlerror());
+  const char* path = ft_plugin_path_for(version);
+  ft_phase("dlopen %s", path);
+  lib->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!lib->dl) FT_FAIL("dlopen(%s): %s", path, dlerror());
+  if (version > FT_API_NEURON) {
+    lib->neuron = 1;
+    version -= FT_API_NEURON;
+  }
   if (version == FT_API_NEWEST) {
     for (int v = 12; v >= 6; v--) {
       char sym[32];
@@ -77,14 +95,14 @@ void ft_lib_open(ft_lib* lib, int version) {
         break;
       }
     }
-    if (version == FT_API_NEWEST) FT_FAIL("%s exports no ncclNetPlugin_v6..v12", ft_plugin_path());
+    if (version == FT_API_NEWEST) FT_FAIL("%s exports no ncclNetPlugin_v6..v12", path);
   }
-  bind_version(lib, version);
+  bind_version(lib, version, path);
 }
 
 void ft_lib_close(ft_lib* lib) {
   if (lib->dl) {
-    if (dlclose(lib->dl) != 0) FT_FAIL("dlclose(%s): %s", ft_plugin_path(), dlerror());
+    if (dlclose(lib->dl) != 0) FT_FAIL("dlclose(%s): %s", lib->desc, dlerror());
   }
   lib->dl = NULL;
 }
@@ -100,7 +118,7 @@ void ft_side_init(ft_side* s) {
   uint64_t comm_id = ((uint64_t)getppid() << 32) ^ (uint64_t)ft_now_ms();
   FT_OK(a->init(&s->ctx, comm_id, &s->config, ft_logger, NULL));
   s->inited = 1;
-  FT_CHECK(!ft_version_has_ctx(s->lib.version) || s->ctx != NULL, "init returned success with a NULL context");
+  FT_CHECK(!ft_has_ctx(&s->lib) || s->ctx != NULL, "init returned success with a NULL context");
   FT_OK(a->devices(&s->ndev));
   FT_CHECK(s->ndev >= 1, "devices() reported %d devices", s->ndev);
   s->dev = 0;

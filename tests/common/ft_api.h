@@ -18,25 +18,38 @@
 extern "C" {
 #endif
 
-enum { FT_API_CORE = 0, FT_API_NEWEST = -1 };
+/* API ids: 0 = the core, 6..12 = NCCL's ncclNetPlugin_vN, FT_API_NEURON + N
+ * = Neuron's ncclNetPlugin_vN (from the Neuron library). */
+enum { FT_API_CORE = 0, FT_API_NEWEST = -1, FT_API_NEURON = 1000 };
 
-/* The selected API version: 0 = core, 6..12 = ncclNetPlugin_vN; fails on a
- * value it cannot parse. */
+/* The selected API id; fails on a value it cannot parse. */
 int ft_api_selected(void);
 /* 1 when this binary can use the core directly (links fabric_engine). */
 int ft_api_core_available(void);
+/* The library for an API id: FABRIC_TEST_PLUGIN (FABRIC_TEST_NEURON_PLUGIN
+ * for Neuron), else the path compiled in. */
+const char* ft_plugin_path_for(int api);
 const char* ft_plugin_path(void);
-/* 1 when version uses int sizes for isend/irecv (v6..v8). */
-static inline int ft_version_int_sizes(int version) { return version >= 6 && version <= 8; }
-/* 1 when version has per-communicator contexts (v11+, and the core). */
-static inline int ft_version_has_ctx(int version) { return version == 0 || version >= 11; }
 
 typedef struct ft_lib {
   void* dl;       /* dlopen handle; NULL for the core */
   fab_api api;    /* filled by the driver (or a copy of fab_api_core) */
-  int version;    /* 0 = core */
+  int version;    /* the table's version in its family; 0 = core */
+  int neuron;     /* 1: a Neuron table (version is Neuron's) */
   char desc[64];  /* "core" or the symbol */
 } ft_lib;
+
+/* What the table at hand has, by family and version rather than by number. */
+/* NCCL net version since or later, or the core (which has everything net has). */
+static inline int ft_net_since(const ft_lib* l, int since) { return !l->neuron && (l->version == 0 || l->version >= since); }
+/* isend/irecv take int sizes (net v6..v8, Neuron). */
+static inline int ft_int_sizes(const ft_lib* l) { return l->neuron || (l->version >= 6 && l->version <= 8); }
+/* regMr takes an int size (net v6..v7). */
+static inline int ft_int_reg_size(const ft_lib* l) { return !l->neuron && l->version >= 6 && l->version <= 7; }
+/* per-communicator contexts (net v11+, and the core). */
+static inline int ft_has_ctx(const ft_lib* l) { return ft_net_since(l, 11); }
+/* regIsGlobal in the properties (net v8+, Neuron v5+). */
+static inline int ft_has_reg_is_global(const ft_lib* l) { return l->neuron ? l->version >= 5 : ft_net_since(l, 8); }
 
 /* version FT_API_NEWEST picks the newest table the library exports. Fails the
  * test on error. */

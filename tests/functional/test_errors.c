@@ -176,7 +176,7 @@ FT_PAIR_TEST(bad_arguments, 60) {
   /* Ranges no registration can cover: refused, not registered. */
   FT_EXPECT_ERROR(a->reg_mr(c.send_comm, sm.buf, SIZE_MAX, FAB_PTR_HOST, &mh));
   FT_EXPECT_ERROR(a->reg_mr(c.send_comm, sm.buf, SIZE_MAX - 4095, FAB_PTR_HOST, &mh));
-  if (s.lib.version == 0 || s.lib.version >= 8) /* v6/v7 carry an int size: tested as negative above */
+  if (!ft_int_reg_size(&s.lib)) /* v6/v7 carry an int size: tested as negative above */
     FT_EXPECT_ERROR(a->reg_mr(c.recv_comm, (char*)sm.buf + 4096, UINTPTR_MAX - (uintptr_t)sm.buf, FAB_PTR_HOST,
                               &mh));
 
@@ -290,7 +290,7 @@ FT_PAIR_TEST(oversize, 60) {
   ft_connect_all(&s, &c, 1, T_MS);
   void* req = NULL;
   int tag = 4;
-  if (ft_version_int_sizes(s.lib.version)) {
+  if (ft_int_sizes(&s.lib)) {
     FT_CHECK(a->size_is_int == 1, "the %s driver does not say its sizes are int", s.lib.desc);
     ft_mr sm, rm;
     ft_mr_alloc(&s, &sm, c.send_comm, 4096);
@@ -302,7 +302,7 @@ FT_PAIR_TEST(oversize, 60) {
       void* d = rm.buf;
       size_t l = bad[i];
       FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, &l, &tag, &rm.mh, NULL, &req));
-      if (s.lib.version <= 7) {
+      if (ft_int_reg_size(&s.lib)) {
         void* mh = NULL;
         FT_EXPECT_ERROR(a->reg_mr(c.send_comm, sm.buf, bad[i], FAB_PTR_HOST, &mh));
       }

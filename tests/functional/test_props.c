@@ -8,7 +8,6 @@ static void check_device(ft_side* s, int dev) {
   memset(&p, 0xee, sizeof p); /* garbage in: every field must be written */
   ft_phase("getProperties(%d)", dev);
   FT_OK(s->api->get_properties(dev, &p));
-  int v = s->lib.version;
   FT_CHECK(p.name != NULL && p.name[0] != 0, "device %d: empty name", dev);
   FT_CHECK(strlen(p.name) < FAB_NAME_MAX, "device %d: name longer than %d", dev, FAB_NAME_MAX);
   FT_CHECK(p.ptr_support & FAB_PTR_HOST, "device %d: ptrSupport 0x%x lacks NCCL_PTR_HOST", dev, p.ptr_support);
@@ -24,8 +23,8 @@ static void check_device(ft_side* s, int dev) {
   FT_CHECK(p.net_device_type == 0, "device %d: netDeviceType %d; a host plugin reports 0 (HOST)", dev,
            p.net_device_type);
   FT_CHECK(p.net_device_version == 0, "device %d: netDeviceVersion %d for HOST", dev, p.net_device_version);
-  if (v == 0 || v >= 8) FT_CHECK(p.reg_is_global == 0 || p.reg_is_global == 1, "regIsGlobal %d", p.reg_is_global);
-  if (v == 0 || v >= 9) {
+  if (ft_has_reg_is_global(&s->lib)) FT_CHECK(p.reg_is_global == 0 || p.reg_is_global == 1, "regIsGlobal %d", p.reg_is_global);
+  if (ft_net_since(&s->lib, 9)) {
     FT_CHECK(p.force_flush == 0 || p.force_flush == 1, "device %d: forceFlush %d", dev, p.force_flush);
     FT_CHECK(p.vprops.ndevs == 1 && p.vprops.devs[0] == dev, "device %d: vProps {%d, {%d, ...}}, expected {1, {%d}}",
              dev, p.vprops.ndevs, p.vprops.devs[0], dev);
@@ -37,9 +36,9 @@ static void check_device(ft_side* s, int dev) {
     FT_CHECK(p.max_coll_bytes > 0 && p.max_coll_bytes <= ((size_t)1 << 40), "device %d: maxCollBytes %zu", dev,
              p.max_coll_bytes);
   }
-  if (v == 0 || v >= 11)
+  if (ft_net_since(&s->lib, 11))
     FT_CHECK(p.max_multi_request_size >= 1, "device %d: maxMultiRequestSize %d", dev, p.max_multi_request_size);
-  if (v == 0 || v >= 12) {
+  if (ft_net_since(&s->lib, 12)) {
     FT_CHECK(p.rail_id >= -1, "device %d: railId %d", dev, p.rail_id);
     FT_CHECK(p.plane_id >= -1, "device %d: planeId %d", dev, p.plane_id);
   }
@@ -47,7 +46,7 @@ static void check_device(ft_side* s, int dev) {
                   "maxComms=%d maxRecvs=%d maxP2p=%zu\n",
           s->lib.desc, dev, p.name, p.pci_path ? p.pci_path : "(null)", (unsigned long long)p.guid, p.ptr_support,
           p.speed_mbps, (double)p.latency_us, p.max_comms, p.max_recvs,
-          (v == 0 || v >= 9) ? p.max_p2p_bytes : (size_t)0);
+          ft_net_since(&s->lib, 9) ? p.max_p2p_bytes : (size_t)0);
 }
 
 Test(functional, properties, .init = ft_test_init, .timeout = 30) {

@@ -19,7 +19,7 @@ FT_PAIR_TEST(sizes, 120) {
   ft_conn c;
   ft_connect_all(&s, &c, 1, T_MS);
   size_t big = (size_t)256 << 20;
-  if (ft_version_has_ctx(s.lib.version) || s.lib.version >= 9) {
+  if (ft_net_since(&s.lib, 9)) {
     FT_CHECK(s.props.max_p2p_bytes > 0, "maxP2pBytes is 0");
     if (s.props.max_p2p_bytes < big) big = s.props.max_p2p_bytes;
   }

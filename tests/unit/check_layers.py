@@ -19,11 +19,11 @@ import sys
 FLOORS = {
     "helpers": (0, ["fab_util", "fab_log", "fab_objtab", "fab_pool", "fab_wire", "fab_cuda", "fab_params"]),
     "provider": (1, ["fab_engine", "fab_device", "fab_mr", "fab_endpoint", "fab_rma", "fab_req", "fab_peer", "fab_signals",
-                 "fab_prof"]),
+                 "fab_prof", "fab_pwin"]),
     "transports": (2, ["fab_transport", "sr", "rd", "rd_send", "rd_recv", "rd_common", "rd_proto", "rd_eager", "rd_tagmap"]),
     "connections": (3, ["fab_conn", "fab_ctx", "fab_conn_ep", "fab_ctrl", "fab_listen", "fab_connect", "fab_comm"]),
     "api": (4, ["fab_plugin", "fab_data", "fab_api_core", "fab_api", "fab_core", "fab_coll", "fab_coll_ops",
-                "fab_coll_xchg", "fab_coll_api"]),
+                "fab_coll_xchg", "fab_coll_api", "fab_p2p_rma"]),
 }
 FLOOR_OF = {stem: (level, name) for name, (level, stems) in FLOORS.items() for stem in stems}
 

@@ -1,0 +1,359 @@
+/*
+ * One-sided calls on a point-to-point connection, as the Neuron tables ask
+ * for them: getMrKey, iwrite, iwriteInline and iread on the comms listen,
+ * connect and accept made. The peer's memory is named by the key and the
+ * virtual address the runtime got from the peer; it is written or read only
+ * inside a window the peer offered on this very connection (fab_pwin.h).
+ *
+ *  regMr   registers as fab_reg_mr does, then offers [data, data + size) to
+ *          the comm's peer (a fab_wire_window message to the peer's comm);
+ *  deregMr withdraws the offer first.
+ *  iwrite  on a send comm, iread on a recv comm: the window with that key
+ *          holding [address, address + size) is looked up; a key never
+ *          offered yet is retried (NULL request) for FAB_OFFER_WAIT_MS, since
+ *          the runtime may have learnt it faster than our offer travelled,
+ *          and is then an error; a range outside the window is an error at
+ *          once. Nothing is posted in either case.
+ *
+ * Only the rdma transport opens endpoints with FI_RMA and registers host
+ * memory for remote access; on a device running sendrecv (auto's choice on
+ * shm) rma_supported is 0 and these calls say what to set.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "fab_conn.h"
+#include "fab_mr.h"
+#include "fab_pwin.h"
+#include "fab_transport.h"
+
+static fab_device* carrier_of(fab_device* d) { return d->physical ? d : fab_g.devs[d->carrier]; }
+
+static int rma_capable(const fab_device* d) { return d->ops && d->ops->id == FAB_TRANSPORT_RDMA; }
+
+fab_result fab_p2p_get_properties(int dev, fab_properties* props) {
+  fab_result rc = fab_get_properties(dev, props);
+  if (rc != FAB_OK) return rc;
+  fab_device* d = carrier_of(fab_device_get(dev, "getProperties"));
+  props->ptr_support = FAB_PTR_HOST; /* NCCL_PTR_NEURON (0x4) needs a provider that registers device memory */
+  props->reg_is_global = 0;          /* a window is offered to the peer of the comm it is registered on */
+  props->rma_supported = rma_capable(d);
+  size_t ksize = d->info->domain_attr->mr_key_size;
+  props->max_mr_key_size = props->rma_supported ? (ksize && ksize < 8 ? ksize : 8) : 0;
+  props->max_write_inline_size = props->rma_supported ? d->inject_size : 0;
+  return FAB_OK;
+}
+
+/* A live send or recv comm, or NULL with one WARN. */
+static fab_comm* comm_of(void* handle, fab_obj_kind kind, const char* fn) {
+  fab_obj_kind k = fab_obj_kind_of(handle);
+  fab_comm* c = (kind ? k == kind : k == FAB_OBJ_SEND || k == FAB_OBJ_RECV) ? fab_obj_get(handle, k) : NULL;
+  if (!c)
+    FAB_WARN("%s: %p is not a live %s comm", fn, handle, kind ? fab_obj_kind_name(kind) : "send or recv");
+  return c;
+}
+
+static fab_result not_capable(fab_comm* c, const char* fn) {
+  FAB_WARN("%s: device %s runs the %s transport, which has no one-sided operations (rma_supported is 0); set "
+           "FABRIC_TRANSPORT=rdma", fn, c->ep->dev->name, c->ep->dev->ops->name);
+  return FAB_ERR_INVALID_USAGE;
+}
+
+/* --- offers ----------------------------------------------------------------- */
+
+typedef struct offer_msg {
+  fab_op op;
+  fab_wire_window msg;
+  struct fid_mr* mr;
+  fab_comm* comm;
+} offer_msg;
+
+static void offer_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  offer_msg* o = op->owner;
+  fab_comm* c = o->comm;
+  if (err && err->err != FI_ECANCELED && !c->closing) {
+    char why[160];
+    snprintf(why, sizeof(why), "a window offer to the peer failed (%s): the peer closed or is gone",
+             fi_strerror(err->err));
+    fab_comm_fail(c, fab_result_from_fi(err->err), why);
+  }
+  fab_ep_ctrl_dereg(o->mr);
+  free(o);
+  fab_comm_op_done(c); /* may free a closed c */
+}
+
+/* Sends an offer (or its withdrawal) to c's peer. ep lock held. */
+static fab_result offer_send(fab_comm* c, uint16_t op, uint64_t id, const fab_mr* m, const char* fn) {
+  fab_endpoint* ep = c->ep;
+  offer_msg* o = calloc(1, sizeof(*o));
+  void* desc = NULL;
+  if (!o || fab_ep_ctrl_reg(ep, &o->msg, sizeof(o->msg), &o->mr, &desc) != 0) {
+    free(o);
+    FAB_WARN("%s: out of memory offering a window to %s", fn, c->peer_name);
+    return FAB_ERR_SYSTEM;
+  }
+  o->comm = c;
+  fab_op_init(&o->op, offer_done, o, 0);
+  if (m)
+    fab_wire_window_encode(&o->msg, op, c->peer_id, c->local_id, c->conn_id, id, m->addr,
+                           fab_mr_remote_addr(m, (void*)m->addr), m->len, m->key);
+  else
+    fab_wire_window_encode(&o->msg, op, c->peer_id, c->local_id, c->conn_id, id, 0, 0, 0, 0);
+  atomic_fetch_add_explicit(&c->inflight, 1, memory_order_acq_rel);
+  int64_t until = fab_now_ms() + fab_g.params.connect_timeout_ms;
+  ssize_t rc;
+  while ((rc = fi_send(ep->ep, &o->msg, sizeof(o->msg), desc, c->peer, &o->op.ctx)) == -FI_EAGAIN &&
+         fab_now_ms() < until)
+    fab_ep_progress_locked(ep);
+  if (rc == 0) return FAB_OK;
+  atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
+  fab_ep_ctrl_dereg(o->mr);
+  free(o);
+  FAB_WARN("%s: sending a window offer to %s failed: %s", fn, c->peer_name, fi_strerror((int)-rc));
+  return fab_result_from_fi((int)-rc);
+}
+
+static fab_result offer(void* comm, void* mhandle, const char* fn) {
+  fab_comm* c = comm_of(comm, 0, fn);
+  fab_mr* m = c ? fab_obj_get(mhandle, FAB_OBJ_MR) : NULL;
+  if (!m) return FAB_ERR_INTERNAL;
+  if (!rma_capable(c->ep->dev) || m->key == FI_KEY_NOTAVAIL) return FAB_OK; /* nothing a peer could reach */
+  fab_endpoint* ep = c->ep;
+  pthread_mutex_lock(&ep->lock);
+  fab_pwin* p = fab_pwin_get(c);
+  fab_result rc = FAB_ERR_SYSTEM;
+  if (p && fab_pwin_mine_add(p, mhandle, p->next_id) == 0) {
+    rc = offer_send(c, FAB_WINDOW_ADD, p->next_id, m, fn);
+    if (rc == FAB_OK) p->next_id++;
+    else fab_pwin_mine_take(p, mhandle, &(uint64_t){0});
+  } else {
+    FAB_WARN("%s: out of memory offering a window to %s", fn, c->peer_name);
+  }
+  pthread_mutex_unlock(&ep->lock);
+  return rc;
+}
+
+static fab_result host_only(int type, const char* fn) {
+  if (type == FAB_PTR_HOST) return FAB_OK;
+  FAB_WARN("%s: memory type %d; this plugin registers host memory (NCCL_PTR_HOST) only for this runtime, as "
+           "ptrSupport says", fn, type);
+  return FAB_ERR_INVALID_ARG;
+}
+
+static fab_result registered(fab_result rc, void* comm, void** mhandle, const char* fn) {
+  if (rc != FAB_OK) return rc;
+  rc = offer(comm, *mhandle, fn);
+  if (rc != FAB_OK) {
+    fab_mr_deregister(*mhandle);
+    *mhandle = NULL;
+  }
+  return rc;
+}
+
+fab_result fab_reg_mr_offered(void* comm, void* data, size_t size, int type, void** mhandle) {
+  if (host_only(type, "regMr") != FAB_OK) return FAB_ERR_INVALID_ARG;
+  return registered(fab_reg_mr(comm, data, size, type, mhandle), comm, mhandle, "regMr");
+}
+
+fab_result fab_reg_mr_dmabuf_offered(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                                     void** mhandle) {
+  if (host_only(type, "regMrDmaBuf") != FAB_OK) return FAB_ERR_INVALID_ARG;
+  return registered(fab_reg_mr_dmabuf(comm, data, size, type, offset, fd, mhandle), comm, mhandle, "regMrDmaBuf");
+}
+
+fab_result fab_dereg_mr_offered(void* comm, void* mhandle) {
+  fab_obj_kind k = fab_obj_kind_of(comm);
+  fab_comm* c = k == FAB_OBJ_SEND || k == FAB_OBJ_RECV ? fab_obj_get(comm, k) : NULL;
+  if (c) { /* a closed comm's peer has nothing to withdraw */
+    pthread_mutex_lock(&c->ep->lock);
+    uint64_t id;
+    if (fab_pwin_mine_take(c->pwin, mhandle, &id) && c->error == FAB_OK)
+      offer_send(c, FAB_WINDOW_REMOVE, id, NULL, "deregMr"); /* WARNs; the registration goes anyway */
+    pthread_mutex_unlock(&c->ep->lock);
+  }
+  return fab_dereg_mr(comm, mhandle);
+}
+
+fab_result fab_get_mr_key(void* mhandle, uint64_t* mr_key) {
+  if (!mr_key) return fab_bad_argument("getMrKey", "mr_key", 0, "a non-NULL pointer");
+  fab_mr* m = fab_obj_get(mhandle, FAB_OBJ_MR);
+  if (!m) {
+    FAB_WARN("getMrKey: %p is not a live memory handle from regMr", mhandle);
+    return FAB_ERR_INTERNAL;
+  }
+  if (m->key == FI_KEY_NOTAVAIL) {
+    FAB_WARN("getMrKey: the registration at %p has no remote key: device %s runs the %s transport (rma_supported "
+             "0); set FABRIC_TRANSPORT=rdma", (void*)m->addr, m->dev->name, m->dev->ops->name);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  *mr_key = m->key;
+  return FAB_OK;
+}
+
+/* --- operations ------------------------------------------------------------- */
+
+static void os_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  fab_osreq* r = op->owner;
+  fab_comm* c = r->comm;
+  if (err) {
+    r->result = fab_result_from_fi(err->err);
+    snprintf(r->why, sizeof(r->why), "%s of %zu bytes %s %s failed: %s", r->is_read ? "iread" : "iwrite", r->size,
+             r->is_read ? "from" : "to", c->peer_name, fi_strerror(err->err));
+  }
+  atomic_store_explicit(&r->pending, 0, memory_order_release);
+  fab_comm_op_done(c); /* may free a closed c, and r with it */
+}
+
+static fab_osreq* osreq_get(fab_pwin* p, fab_comm* c) {
+  for (int i = 0; i < FAB_OS_REQS; i++) {
+    fab_osreq* r = &p->reqs[i];
+    if (r->state != FAB_OSREQ_FREE) continue;
+    r->magic = FAB_OSREQ_MAGIC;
+    r->state = FAB_OSREQ_ACTIVE;
+    r->comm = c;
+    r->result = FAB_OK;
+    r->why[0] = 0;
+    return r;
+  }
+  return NULL;
+}
+
+/* The peer window for [remote, remote + size) with key, or NULL: *rc says
+ * retry (FAB_OK) or the error (WARNed). ep lock held. */
+static const fab_pwin_entry* window_for(fab_comm* c, fab_pwin* p, uint64_t remote, size_t size, uint64_t key,
+                                        const char* fn, fab_result* rc) {
+  int known;
+  const fab_pwin_entry* e = fab_pwin_find(p, key, remote, size, &known);
+  *rc = FAB_OK;
+  if (e) {
+    p->unknown_since_ms = 0;
+    return e;
+  }
+  if (known) {
+    FAB_WARN("%s: %zu bytes at 0x%llx do not lie inside the window %s offered with key 0x%llx; nothing was %s", fn,
+             size, (unsigned long long)remote, c->peer_name, (unsigned long long)key,
+             strcmp(fn, "iread") == 0 ? "read" : "written");
+    *rc = FAB_ERR_INVALID_ARG;
+    return NULL;
+  }
+  int64_t now = fab_now_ms();
+  if (!p->unknown_since_ms) p->unknown_since_ms = now;
+  if (now - p->unknown_since_ms < FAB_OFFER_WAIT_MS) return NULL; /* its offer may be on its way */
+  p->unknown_since_ms = 0;
+  FAB_WARN("%s: %s offered no window with key 0x%llx on this connection (waited %d ms); pass a key from getMrKey of "
+           "memory the peer registered on the comm connected to this one", fn, c->peer_name,
+           (unsigned long long)key, FAB_OFFER_WAIT_MS);
+  *rc = FAB_ERR_INVALID_ARG;
+  return NULL;
+}
+
+enum { OS_WRITE, OS_WRITE_INLINE, OS_READ };
+
+static ssize_t os_post(fab_comm* c, int kind, void* local, size_t size, void* desc, const fab_pwin_entry* e,
+                       uint64_t remote, fab_op* op) {
+  uint64_t off = remote - e->va;
+  if (kind == OS_READ) return fab_rma_read(c->ep, c->peer, local, size, desc, &e->win, off, op);
+  if (kind == OS_WRITE_INLINE) return fab_rma_inject_write(c->ep, c->peer, local, size, &e->win, off, op);
+  return fab_rma_write(c->ep, c->peer, local, size, desc, &e->win, off, op);
+}
+
+static fab_result os_start(fab_comm* c, int kind, void* local, size_t size, void* desc, uint64_t remote, uint64_t key,
+                           const char* fn, void** request) {
+  fab_endpoint* ep = c->ep;
+  pthread_mutex_lock(&ep->lock);
+  fab_pwin* p = fab_pwin_get(c);
+  fab_result rc = FAB_ERR_SYSTEM;
+  const fab_pwin_entry* e = p ? window_for(c, p, remote, size, key, fn, &rc) : NULL;
+  fab_osreq* r = e ? osreq_get(p, c) : NULL;
+  if (!r) {
+    if (!p) FAB_WARN("%s: out of memory", fn);
+    if (rc == FAB_OK) fab_ep_progress_locked(ep); /* retry: let the offer or a completion in */
+    pthread_mutex_unlock(&ep->lock);
+    return rc;
+  }
+  r->is_read = kind == OS_READ;
+  r->size = size;
+  ssize_t prc = 0;
+  if (size > 0) { /* nothing to move: complete at once (a 0-byte RMA op is not posted) */
+    atomic_store_explicit(&r->pending, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->inflight, 1, memory_order_acq_rel);
+    fab_op_init(&r->op, os_done, r, 0);
+    prc = os_post(c, kind, local, size, desc, e, remote, &r->op);
+    if (prc != 0) {
+      atomic_store_explicit(&r->pending, 0, memory_order_relaxed);
+      atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
+      r->state = FAB_OSREQ_FREE;
+      if (prc == -FI_EAGAIN) fab_ep_progress_locked(ep);
+    }
+  } else {
+    atomic_store_explicit(&r->pending, 0, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&ep->lock);
+  if (prc == -FI_EAGAIN) return FAB_OK; /* NULL request: call again */
+  if (prc != 0) {
+    FAB_WARN("%s: posting %zu bytes %s %s failed: %s", fn, size, kind == OS_READ ? "from" : "to", c->peer_name,
+             fi_strerror((int)-prc));
+    return fab_result_from_fi((int)-prc);
+  }
+  *request = r;
+  return FAB_OK;
+}
+
+/* What every one-sided call checks before it looks for a window. */
+static fab_result os_prologue(fab_comm* c, size_t size, const char* fn) {
+  if (c->error != FAB_OK) {
+    FAB_WARN("%s: the connection to %s has failed: %s; close it", fn, c->peer_name, c->error_why);
+    return c->error;
+  }
+  if (!rma_capable(c->ep->dev)) return not_capable(c, fn);
+  size_t max = c->ep->dev->info->ep_attr->max_msg_size;
+  if (size > max) {
+    FAB_WARN("%s: %zu bytes is more than one operation of provider %s can carry (%zu); split it", fn, size,
+             fab_device_provider(c->ep->dev), max);
+    return FAB_ERR_INVALID_ARG;
+  }
+  return FAB_OK;
+}
+
+static fab_result os_call(void* comm, fab_obj_kind kind, int op, void* local, size_t size, void* mhandle,
+                          uint64_t remote, uint64_t key, const char* fn, void** request) {
+  if (!request) return fab_bad_argument(fn, "request", 0, "a non-NULL pointer");
+  *request = NULL;
+  fab_comm* c = comm_of(comm, kind, fn);
+  if (!c) return FAB_ERR_INTERNAL;
+  fab_result rc = os_prologue(c, size, fn);
+  if (rc != FAB_OK) return rc;
+  if (size > 0 && !local) return fab_bad_argument(fn, "local buffer", 0, "a non-NULL address");
+  fab_mr* m = NULL;
+  if (op != OS_WRITE_INLINE && size > 0) {
+    if (!mhandle) {
+      FAB_WARN("%s: the memory handle is NULL for %zu bytes; pass the handle regMr returned for the buffer", fn, size);
+      return FAB_ERR_INTERNAL;
+    }
+    rc = fab_mr_resolve(c, mhandle, local, size, fn, &m);
+    if (rc != FAB_OK) return rc;
+  }
+  return os_start(c, op, local, size, m ? m->desc : NULL, remote, key, fn, request);
+}
+
+fab_result fab_iwrite(void* send_comm, void* src, size_t size, void* src_mhandle, uint64_t dest, uint64_t mr_key,
+                      void** request) {
+  return os_call(send_comm, FAB_OBJ_SEND, OS_WRITE, src, size, src_mhandle, dest, mr_key, "iwrite", request);
+}
+
+fab_result fab_iwrite_inline(void* send_comm, void* src, size_t size, uint64_t dest, uint64_t mr_key,
+                             void** request) {
+  fab_comm* c = fab_obj_get(send_comm, FAB_OBJ_SEND);
+  if (c && rma_capable(c->ep->dev) && size > c->ep->dev->inject_size) {
+    FAB_WARN("iwriteInline: %zu bytes is more than max_write_inline_size (%zu); use iwrite", size,
+             c->ep->dev->inject_size);
+    if (request) *request = NULL;
+    return FAB_ERR_INVALID_ARG;
+  }
+  return os_call(send_comm, FAB_OBJ_SEND, OS_WRITE_INLINE, src, size, NULL, dest, mr_key, "iwriteInline", request);
+}
+
+fab_result fab_iread(void* recv_comm, void* dest, size_t size, void* dest_mhandle, uint64_t src, uint64_t mr_key,
+                     void** request) {
+  return os_call(recv_comm, FAB_OBJ_RECV, OS_READ, dest, size, dest_mhandle, src, mr_key, "iread", request);
+}

@@ -1,0 +1,117 @@
+/* The windows a connection's peer offered us, and our offers to it. See
+ * fab_pwin.h. */
+#include "fab_pwin.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_req.h"
+
+fab_pwin* fab_pwin_get(fab_comm* c) {
+  if (!c->pwin) {
+    c->pwin = calloc(1, sizeof(fab_pwin));
+    if (c->pwin) c->pwin->next_id = 1;
+  }
+  return c->pwin;
+}
+
+void fab_pwin_free(fab_pwin* p) {
+  if (!p) return;
+  free(p->peer);
+  free(p->mine);
+  free(p);
+}
+
+static int grow(void** v, size_t* cap, size_t n, size_t elem) {
+  if (n < *cap) return 0;
+  size_t cap2 = *cap ? 2 * *cap : 16;
+  void* v2 = realloc(*v, cap2 * elem);
+  if (!v2) return -1;
+  *v = v2;
+  *cap = cap2;
+  return 0;
+}
+
+void fab_pwin_apply(fab_comm* c, const fab_wire_window* m) {
+  fab_pwin* p = fab_pwin_get(c);
+  if (!p) {
+    fab_comm_fail(c, FAB_ERR_SYSTEM, "out of memory keeping a window the peer offered");
+    return;
+  }
+  if (m->op == FAB_WINDOW_REMOVE) {
+    for (size_t i = 0; i < p->npeer; i++) {
+      if (p->peer[i].id != m->id) continue;
+      p->peer[i] = p->peer[--p->npeer];
+      return;
+    }
+    return; /* never offered (its offer failed): nothing to withdraw */
+  }
+  if (grow((void**)&p->peer, &p->cap_peer, p->npeer, sizeof(*p->peer)) != 0) {
+    fab_comm_fail(c, FAB_ERR_SYSTEM, "out of memory keeping a window the peer offered");
+    return;
+  }
+  fab_pwin_entry* e = &p->peer[p->npeer++];
+  e->id = m->id;
+  e->va = m->va;
+  e->win.addr = m->addr;
+  e->win.len = m->len;
+  e->win.key = m->key;
+}
+
+const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va, uint64_t len, int* key_known) {
+  *key_known = 0;
+  if (!p) return NULL;
+  for (size_t i = 0; i < p->npeer; i++) {
+    const fab_pwin_entry* e = &p->peer[i];
+    if (e->win.key != key) continue;
+    *key_known = 1;
+    if (va >= e->va && va - e->va <= e->win.len && len <= e->win.len - (va - e->va)) return e;
+  }
+  return NULL;
+}
+
+int fab_pwin_mine_add(fab_pwin* p, void* mhandle, uint64_t id) {
+  if (grow((void**)&p->mine, &p->cap_mine, p->nmine, sizeof(*p->mine)) != 0) return -1;
+  p->mine[p->nmine++] = (fab_pwin_mine){.mhandle = mhandle, .id = id};
+  return 0;
+}
+
+int fab_pwin_mine_take(fab_pwin* p, void* mhandle, uint64_t* id) {
+  for (size_t i = 0; p && i < p->nmine; i++) {
+    if (p->mine[i].mhandle != mhandle) continue;
+    *id = p->mine[i].id;
+    p->mine[i] = p->mine[--p->nmine];
+    return 1;
+  }
+  return 0;
+}
+
+fab_result fab_osreq_test(fab_osreq* r, int* done, int* sizes) {
+  fab_comm* c = r->comm;
+  if (r->state != FAB_OSREQ_ACTIVE) {
+    FAB_WARN("test: %p is not an active request (already completed?)", (void*)r);
+    return FAB_ERR_INTERNAL;
+  }
+  if (c->closing) {
+    FAB_WARN("test: request %p belongs to a comm that was closed; a closed comm's requests cannot be tested",
+             (void*)r);
+    return FAB_ERR_INTERNAL;
+  }
+  if (atomic_load_explicit(&r->pending, memory_order_acquire)) {
+    fab_ep_poll(c->ep);
+    if (atomic_load_explicit(&r->pending, memory_order_acquire)) {
+      fab_comm_stalled(c);
+      if (c->error == FAB_OK) return FAB_OK;
+      FAB_WARN("test: %s of %zu bytes cannot complete: the connection to %s has failed: %s; close it",
+               r->is_read ? "iread" : "iwrite", r->size, c->peer_name, c->error_why);
+      return c->error; /* r stays in flight until the provider gives it back */
+    }
+  }
+  *done = 1;
+  if (sizes) sizes[0] = r->size > INT32_MAX ? INT32_MAX : (int)r->size;
+  fab_result rc = r->result;
+  if (rc != FAB_OK) FAB_WARN("test: %s", r->why);
+  r->state = FAB_OSREQ_FREE;
+  return rc;
+}

@@ -1,0 +1,84 @@
+/*
+ * One-sided calls on a point-to-point connection (Neuron's getMrKey, iwrite,
+ * iwriteInline, iread; core/fab_p2p_rma.c): the state a comm keeps for them.
+ *
+ * Each end offers the other the windows it registers on the connection
+ * (fab_wire_window messages, sent by fab_p2p_rma.c, applied here by the
+ * control receive path under the endpoint lock). A one-sided call names a
+ * peer window only by the key and address the runtime got from the peer; it
+ * is posted only when [address, address + size) lies inside a window the peer
+ * offered on this very connection and has not withdrawn. Nothing else decides
+ * where we write or read.
+ */
+#ifndef FAB_PWIN_H
+#define FAB_PWIN_H
+
+#include "fab_engine.h"
+#include "fab_rma.h"
+#include "fab_wire.h"
+
+enum {
+  FAB_OS_REQS = 256,        /* one-sided requests in flight per comm (beyond: NULL request, retry) */
+  FAB_OFFER_WAIT_MS = 5000, /* an unknown key is retried this long: the peer's offer may still be on its way */
+};
+
+/* A window the peer offered us. */
+typedef struct fab_pwin_entry {
+  uint64_t id;
+  uint64_t va;    /* the peer's virtual address: what the runtime names */
+  fab_window win; /* as the peer's provider addresses it */
+} fab_pwin_entry;
+
+/* A window we offered the peer (to withdraw it by handle). */
+typedef struct fab_pwin_mine {
+  void* mhandle;
+  uint64_t id;
+} fab_pwin_mine;
+
+#define FAB_OSREQ_MAGIC 0x5153524fu /* "ORSQ" */
+enum { FAB_OSREQ_FREE = 0, FAB_OSREQ_ACTIVE = 1 };
+
+typedef struct fab_osreq {
+  uint32_t magic;
+  uint8_t state;
+  uint8_t is_read;
+  fab_comm* comm;
+  _Atomic int pending; /* the posted operation has not completed */
+  fab_result result;
+  size_t size;
+  char why[192];
+  fab_op op;
+} fab_osreq;
+
+typedef struct fab_pwin {
+  fab_pwin_entry* peer; /* sorted by nothing; few per connection (ep lock) */
+  size_t npeer, cap_peer;
+  fab_pwin_mine* mine;  /* (the comm's owner thread) */
+  size_t nmine, cap_mine;
+  uint64_t next_id;     /* our offers' ids */
+  int64_t unknown_since_ms; /* the first retry of a key we do not know yet (owner thread) */
+  fab_osreq reqs[FAB_OS_REQS];
+} fab_pwin;
+
+/* c's one-sided state, made on first use; NULL when out of memory. ep lock
+ * held. */
+fab_pwin* fab_pwin_get(fab_comm* c);
+/* Frees it (the comm is being freed: nothing of it is posted). */
+void fab_pwin_free(fab_pwin* p);
+
+/* An offer m from c's peer, validated on the wire: added or withdrawn. ep
+ * lock held. */
+void fab_pwin_apply(fab_comm* c, const fab_wire_window* m);
+/* The peer window with key that holds [va, va + len), or NULL; *key_known
+ * says whether any window has that key. ep lock held. */
+const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va, uint64_t len, int* key_known);
+
+/* Our offers: remembered at registration, taken back at deregistration (0:
+ * not found). */
+int fab_pwin_mine_add(fab_pwin* p, void* mhandle, uint64_t id);
+int fab_pwin_mine_take(fab_pwin* p, void* mhandle, uint64_t* id);
+
+/* The API's test for a one-sided request (fab_test finds it by its magic). */
+fab_result fab_osreq_test(fab_osreq* r, int* done, int* sizes);
+
+#endif /* FAB_PWIN_H */
