@@ -445,6 +445,51 @@ void fab_ep_peer_name(fab_endpoint* ep, fi_addr_t a, char* buf, size_t len) {
 
 void fab_ep_park(fab_endpoint* ep, fab_parked* p) { fab_list_push(&ep->parked, &p->node); }
 
+/* A control message that owns itself: parked on its endpoint until its
+ * completion (or the endpoint's destruction) frees it. */
+typedef struct ctl_msg {
+  fab_parked park;
+  fab_op op;
+  struct fid_mr* mr;
+  size_t len;
+  _Alignas(8) unsigned char buf[];
+} ctl_msg;
+
+static void ctl_msg_destroy(fab_parked* p) {
+  ctl_msg* m = FAB_CONTAINER_OF(p, ctl_msg, park);
+  fab_ep_ctrl_dereg(m->mr);
+  free(m);
+}
+
+static void ctl_msg_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  (void)done;
+  (void)err; /* the peer is gone or closed: its comm learns that on its own */
+  ctl_msg* m = op->owner;
+  fab_list_del(&m->park.node);
+  ctl_msg_destroy(&m->park);
+}
+
+int fab_ep_send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len) {
+  ctl_msg* m = calloc(1, sizeof(*m) + len);
+  void* desc = NULL;
+  if (!m) return -FI_ENOMEM;
+  memcpy(m->buf, msg, len);
+  m->len = len;
+  m->park.destroy = ctl_msg_destroy;
+  fab_op_init(&m->op, ctl_msg_done, m, 0);
+  int rc = fab_ep_ctrl_reg(ep, m->buf, len, &m->mr, &desc);
+  int64_t until = fab_now_ms() + fab_g.params.connect_timeout_ms;
+  while (rc == 0 && (rc = (int)fi_send(ep->ep, m->buf, len, desc, peer, &m->op.ctx)) == -FI_EAGAIN &&
+         fab_now_ms() < until)
+    fab_ep_progress_locked(ep);
+  if (rc != 0) {
+    ctl_msg_destroy(&m->park);
+    return rc;
+  }
+  fab_ep_park(ep, &m->park);
+  return 0;
+}
+
 /* Control buffers need a descriptor on FI_MR_LOCAL providers. */
 int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr, void** desc) {
   *mr = NULL;

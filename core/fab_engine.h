@@ -391,6 +391,11 @@ void fab_ep_park(fab_endpoint* ep, fab_parked* p);
  * (FI_MR_LOCAL); returns 0 or a negative fi errno. */
 int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr, void** desc);
 void fab_ep_ctrl_dereg(struct fid_mr* mr);
+/* Sends a copy of msg (an untagged control message) to peer, best effort:
+ * the copy frees itself when the send completes or fails. Retries while the
+ * provider is busy, up to FABRIC_CONNECT_TIMEOUT_MS. 0 or a negative fi
+ * errno. ep lock held. */
+int fab_ep_send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len);
 /* The comm id table. set/clear under ep->lock (set returns -1 when out of
  * memory); get is lock-free and returns NULL for an unknown or cleared id. */
 int fab_ep_id_set(fab_endpoint* ep, uint32_t id, fab_comm* c);

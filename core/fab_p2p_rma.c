@@ -19,6 +19,7 @@
  * memory for remote access; on a device running sendrecv (auto's choice on
  * shm) rma_supported is 0 and these calls say what to set.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -61,56 +62,13 @@ static fab_result not_capable(fab_comm* c, const char* fn) {
 
 /* --- offers ----------------------------------------------------------------- */
 
-typedef struct offer_msg {
-  fab_op op;
-  fab_wire_window msg;
-  struct fid_mr* mr;
-  fab_comm* comm;
-} offer_msg;
-
-static void offer_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
-  offer_msg* o = op->owner;
-  fab_comm* c = o->comm;
-  if (err && err->err != FI_ECANCELED && !c->closing) {
-    char why[160];
-    snprintf(why, sizeof(why), "a window offer to the peer failed (%s): the peer closed or is gone",
-             fi_strerror(err->err));
-    fab_comm_fail(c, fab_result_from_fi(err->err), why);
-  }
-  fab_ep_ctrl_dereg(o->mr);
-  free(o);
-  fab_comm_op_done(c); /* may free a closed c */
-}
-
-/* Sends an offer (or its withdrawal) to c's peer. ep lock held. */
-static fab_result offer_send(fab_comm* c, uint16_t op, uint64_t id, const fab_mr* m, const char* fn) {
-  fab_endpoint* ep = c->ep;
-  offer_msg* o = calloc(1, sizeof(*o));
-  void* desc = NULL;
-  if (!o || fab_ep_ctrl_reg(ep, &o->msg, sizeof(o->msg), &o->mr, &desc) != 0) {
-    free(o);
-    FAB_WARN("%s: out of memory offering a window to %s", fn, c->peer_name);
-    return FAB_ERR_SYSTEM;
-  }
-  o->comm = c;
-  fab_op_init(&o->op, offer_done, o, 0);
-  if (m)
-    fab_wire_window_encode(&o->msg, op, c->peer_id, c->local_id, c->conn_id, id, m->addr,
-                           fab_mr_remote_addr(m, (void*)m->addr), m->len, m->key);
-  else
-    fab_wire_window_encode(&o->msg, op, c->peer_id, c->local_id, c->conn_id, id, 0, 0, 0, 0);
-  atomic_fetch_add_explicit(&c->inflight, 1, memory_order_acq_rel);
-  int64_t until = fab_now_ms() + fab_g.params.connect_timeout_ms;
-  ssize_t rc;
-  while ((rc = fi_send(ep->ep, &o->msg, sizeof(o->msg), desc, c->peer, &o->op.ctx)) == -FI_EAGAIN &&
-         fab_now_ms() < until)
-    fab_ep_progress_locked(ep);
+/* Sends an offer (op ADD) or a withdrawal to c's peer. ep lock held. */
+static fab_result offer_send(fab_comm* c, uint16_t op, uint64_t id, const fab_mr* m, uint64_t seq, const char* fn) {
+  int rc = m ? fab_pwin_send(c, op, id, m->addr, fab_mr_remote_addr(m, (void*)m->addr), m->len, m->key)
+             : fab_pwin_send(c, op, id, seq, 0, 0, 0);
   if (rc == 0) return FAB_OK;
-  atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
-  fab_ep_ctrl_dereg(o->mr);
-  free(o);
-  FAB_WARN("%s: sending a window offer to %s failed: %s", fn, c->peer_name, fi_strerror((int)-rc));
-  return fab_result_from_fi((int)-rc);
+  FAB_WARN("%s: sending a window %s to %s failed: %s", fn, m ? "offer" : "withdrawal", c->peer_name, fi_strerror(-rc));
+  return fab_result_from_fi(-rc);
 }
 
 static fab_result offer(void* comm, void* mhandle, const char* fn) {
@@ -123,7 +81,7 @@ static fab_result offer(void* comm, void* mhandle, const char* fn) {
   fab_pwin* p = fab_pwin_get(c);
   fab_result rc = FAB_ERR_SYSTEM;
   if (p && fab_pwin_mine_add(p, mhandle, p->next_id) == 0) {
-    rc = offer_send(c, FAB_WINDOW_ADD, p->next_id, m, fn);
+    rc = offer_send(c, FAB_WINDOW_ADD, p->next_id, m, 0, fn);
     if (rc == FAB_OK) p->next_id++;
     else fab_pwin_mine_take(p, mhandle, &(uint64_t){0});
   } else {
@@ -161,14 +119,34 @@ fab_result fab_reg_mr_dmabuf_offered(void* comm, void* data, size_t size, int ty
   return registered(fab_reg_mr_dmabuf(comm, data, size, type, offset, fd, mhandle), comm, mhandle, "regMrDmaBuf");
 }
 
+/* The peer answers a withdrawal once none of its operations into the window
+ * is in flight, so none lands after the registration closes (on tcp, a write
+ * into a closed registration breaks the connection). A peer that does not
+ * answer within FAB_CLOSE_DRAIN_MS (it is not progressing, or gone) is not
+ * waited for longer: NCCL's deregistration of announced receives does the
+ * same. ep lock held, let go between polls. */
+static void withdraw(fab_comm* c, fab_pwin* p, uint64_t id) {
+  uint64_t seq = ++p->withdrawals;
+  if (offer_send(c, FAB_WINDOW_REMOVE, id, NULL, seq, "deregMr") != FAB_OK) return;
+  int64_t until = fab_now_ms() + FAB_CLOSE_DRAIN_MS;
+  while (p->withdrawals_acked < seq && c->error == FAB_OK && fab_now_ms() < until) {
+    if (fab_ep_progress_locked(c->ep) != FAB_OK) break;
+    pthread_mutex_unlock(&c->ep->lock);
+    sched_yield();
+    pthread_mutex_lock(&c->ep->lock);
+  }
+  if (p->withdrawals_acked < seq && c->error == FAB_OK)
+    FAB_INFO(FAB_SUBSYS_NET, "deregMr: %s did not confirm the window's withdrawal within %d ms; deregistering anyway",
+             c->peer_name, FAB_CLOSE_DRAIN_MS);
+}
+
 fab_result fab_dereg_mr_offered(void* comm, void* mhandle) {
   fab_obj_kind k = fab_obj_kind_of(comm);
   fab_comm* c = k == FAB_OBJ_SEND || k == FAB_OBJ_RECV ? fab_obj_get(comm, k) : NULL;
   if (c) { /* a closed comm's peer has nothing to withdraw */
     pthread_mutex_lock(&c->ep->lock);
     uint64_t id;
-    if (fab_pwin_mine_take(c->pwin, mhandle, &id) && c->error == FAB_OK)
-      offer_send(c, FAB_WINDOW_REMOVE, id, NULL, "deregMr"); /* WARNs; the registration goes anyway */
+    if (fab_pwin_mine_take(c->pwin, mhandle, &id) && c->error == FAB_OK) withdraw(c, c->pwin, id);
     pthread_mutex_unlock(&c->ep->lock);
   }
   return fab_dereg_mr(comm, mhandle);
@@ -192,6 +170,9 @@ fab_result fab_get_mr_key(void* mhandle, uint64_t* mr_key) {
 
 /* --- operations ------------------------------------------------------------- */
 
+/* A one-sided operation that fails fails its connection, on every provider
+ * alike: the two ends disagree about a window (tcp breaks the connection
+ * under it anyway). */
 static void os_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_osreq* r = op->owner;
   fab_comm* c = r->comm;
@@ -199,7 +180,9 @@ static void os_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entr
     r->result = fab_result_from_fi(err->err);
     snprintf(r->why, sizeof(r->why), "%s of %zu bytes %s %s failed: %s", r->is_read ? "iread" : "iwrite", r->size,
              r->is_read ? "from" : "to", c->peer_name, fi_strerror(err->err));
+    if (!c->closing) fab_comm_fail(c, r->result, r->why);
   }
+  fab_pwin_op_done(c);
   atomic_store_explicit(&r->pending, 0, memory_order_release);
   fab_comm_op_done(c); /* may free a closed c, and r with it */
 }
@@ -222,17 +205,23 @@ static fab_osreq* osreq_get(fab_pwin* p, fab_comm* c) {
  * retry (FAB_OK) or the error (WARNed). ep lock held. */
 static const fab_pwin_entry* window_for(fab_comm* c, fab_pwin* p, uint64_t remote, size_t size, uint64_t key,
                                         const char* fn, fab_result* rc) {
-  int known;
-  const fab_pwin_entry* e = fab_pwin_find(p, key, remote, size, &known);
+  int why;
+  const fab_pwin_entry* e = fab_pwin_find(p, key, remote, size, &why);
   *rc = FAB_OK;
   if (e) {
     p->unknown_since_ms = 0;
     return e;
   }
-  if (known) {
+  const char* done = strcmp(fn, "iread") == 0 ? "read" : "written";
+  if (why == FAB_KEY_OUT_OF_RANGE) {
     FAB_WARN("%s: %zu bytes at 0x%llx do not lie inside the window %s offered with key 0x%llx; nothing was %s", fn,
-             size, (unsigned long long)remote, c->peer_name, (unsigned long long)key,
-             strcmp(fn, "iread") == 0 ? "read" : "written");
+             size, (unsigned long long)remote, c->peer_name, (unsigned long long)key, done);
+    *rc = FAB_ERR_INVALID_ARG;
+    return NULL;
+  }
+  if (why == FAB_KEY_WITHDRAWN) {
+    FAB_WARN("%s: %s deregistered the window with key 0x%llx; nothing was %s", fn, c->peer_name,
+             (unsigned long long)key, done);
     *rc = FAB_ERR_INVALID_ARG;
     return NULL;
   }
@@ -277,11 +266,13 @@ static fab_result os_start(fab_comm* c, int kind, void* local, size_t size, void
   if (size > 0) { /* nothing to move: complete at once (a 0-byte RMA op is not posted) */
     atomic_store_explicit(&r->pending, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->inflight, 1, memory_order_acq_rel);
+    p->ops_inflight++;
     fab_op_init(&r->op, os_done, r, 0);
     prc = os_post(c, kind, local, size, desc, e, remote, &r->op);
     if (prc != 0) {
       atomic_store_explicit(&r->pending, 0, memory_order_relaxed);
       atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
+      p->ops_inflight--;
       r->state = FAB_OSREQ_FREE;
       if (prc == -FI_EAGAIN) fab_ep_progress_locked(ep);
     }

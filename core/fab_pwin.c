@@ -33,6 +33,38 @@ static int grow(void** v, size_t* cap, size_t n, size_t elem) {
   return 0;
 }
 
+int fab_pwin_send(fab_comm* c, uint16_t op, uint64_t id, uint64_t va, uint64_t addr, uint64_t len, uint64_t key) {
+  fab_wire_window m;
+  fab_wire_window_encode(&m, op, c->peer_id, c->local_id, c->conn_id, id, va, addr, len, key);
+  return fab_ep_send_ctl(c->ep, c->peer, &m, sizeof(m));
+}
+
+static void answer_withdrawals(fab_comm* c, fab_pwin* p) {
+  if (!p->ack_owed || p->ops_inflight) return;
+  int rc = fab_pwin_send(c, FAB_WINDOW_ACK, 0, p->ack_owed, 0, 0, 0);
+  if (rc != 0)
+    FAB_INFO(FAB_SUBSYS_NET, "answering a window withdrawal of %s failed: %s (it deregisters after a short wait)",
+             c->peer_name, fi_strerror(-rc));
+  p->ack_owed = 0;
+}
+
+void fab_pwin_op_done(fab_comm* c) {
+  fab_pwin* p = c->pwin;
+  p->ops_inflight--;
+  answer_withdrawals(c, p);
+}
+
+static void withdraw(fab_comm* c, fab_pwin* p, const fab_wire_window* m) {
+  for (size_t i = 0; i < p->npeer; i++) {
+    if (p->peer[i].id != m->id) continue;
+    p->gone[p->ngone++ % FAB_PWIN_GONE] = p->peer[i].win.key;
+    p->peer[i] = p->peer[--p->npeer];
+    break;
+  }
+  if (m->va > p->ack_owed) p->ack_owed = m->va;
+  answer_withdrawals(c, p);
+}
+
 void fab_pwin_apply(fab_comm* c, const fab_wire_window* m) {
   fab_pwin* p = fab_pwin_get(c);
   if (!p) {
@@ -40,12 +72,12 @@ void fab_pwin_apply(fab_comm* c, const fab_wire_window* m) {
     return;
   }
   if (m->op == FAB_WINDOW_REMOVE) {
-    for (size_t i = 0; i < p->npeer; i++) {
-      if (p->peer[i].id != m->id) continue;
-      p->peer[i] = p->peer[--p->npeer];
-      return;
-    }
-    return; /* never offered (its offer failed): nothing to withdraw */
+    withdraw(c, p, m);
+    return;
+  }
+  if (m->op == FAB_WINDOW_ACK) {
+    if (m->va > p->withdrawals_acked) p->withdrawals_acked = m->va;
+    return;
   }
   if (grow((void**)&p->peer, &p->cap_peer, p->npeer, sizeof(*p->peer)) != 0) {
     fab_comm_fail(c, FAB_ERR_SYSTEM, "out of memory keeping a window the peer offered");
@@ -59,15 +91,18 @@ void fab_pwin_apply(fab_comm* c, const fab_wire_window* m) {
   e->win.key = m->key;
 }
 
-const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va, uint64_t len, int* key_known) {
-  *key_known = 0;
+const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va, uint64_t len, int* why) {
+  *why = FAB_KEY_UNKNOWN;
   if (!p) return NULL;
   for (size_t i = 0; i < p->npeer; i++) {
     const fab_pwin_entry* e = &p->peer[i];
     if (e->win.key != key) continue;
-    *key_known = 1;
+    *why = FAB_KEY_OUT_OF_RANGE;
     if (va >= e->va && va - e->va <= e->win.len && len <= e->win.len - (va - e->va)) return e;
   }
+  uint32_t n = p->ngone < FAB_PWIN_GONE ? p->ngone : FAB_PWIN_GONE;
+  for (uint32_t i = 0; *why == FAB_KEY_UNKNOWN && i < n; i++)
+    if (p->gone[i] == key) *why = FAB_KEY_WITHDRAWN;
   return NULL;
 }
 

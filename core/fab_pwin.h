@@ -20,7 +20,11 @@
 enum {
   FAB_OS_REQS = 256,        /* one-sided requests in flight per comm (beyond: NULL request, retry) */
   FAB_OFFER_WAIT_MS = 5000, /* an unknown key is retried this long: the peer's offer may still be on its way */
+  FAB_PWIN_GONE = 64,       /* withdrawn keys remembered, to refuse them at once and say why */
 };
+
+/* What fab_pwin_find knows of a key it found no window for. */
+enum { FAB_KEY_UNKNOWN = 0, FAB_KEY_OUT_OF_RANGE = 1, FAB_KEY_WITHDRAWN = 2 };
 
 /* A window the peer offered us. */
 typedef struct fab_pwin_entry {
@@ -55,7 +59,14 @@ typedef struct fab_pwin {
   size_t npeer, cap_peer;
   fab_pwin_mine* mine;  /* (the comm's owner thread) */
   size_t nmine, cap_mine;
+  uint64_t gone[FAB_PWIN_GONE]; /* keys of windows the peer withdrew, the newest last (ep lock) */
+  uint32_t ngone;
   uint64_t next_id;     /* our offers' ids */
+  /* withdrawals (ep lock): ours, numbered, each answered once the peer has
+   * nothing in flight into the window; the peer's, answered the same way */
+  uint64_t withdrawals, withdrawals_acked;
+  uint64_t ack_owed;    /* the peer's newest withdrawal not answered yet (0: none) */
+  uint32_t ops_inflight; /* our one-sided operations posted and not completed */
   int64_t unknown_since_ms; /* the first retry of a key we do not know yet (owner thread) */
   fab_osreq reqs[FAB_OS_REQS];
 } fab_pwin;
@@ -66,12 +77,18 @@ fab_pwin* fab_pwin_get(fab_comm* c);
 /* Frees it (the comm is being freed: nothing of it is posted). */
 void fab_pwin_free(fab_pwin* p);
 
-/* An offer m from c's peer, validated on the wire: added or withdrawn. ep
- * lock held. */
+/* A message m from c's peer, validated on the wire: a window added or
+ * withdrawn (answered once our operations in flight are done), or the answer
+ * to one of our withdrawals. ep lock held. */
 void fab_pwin_apply(fab_comm* c, const fab_wire_window* m);
-/* The peer window with key that holds [va, va + len), or NULL; *key_known
- * says whether any window has that key. ep lock held. */
-const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va, uint64_t len, int* key_known);
+/* One of c's one-sided operations completed: a withdrawal waiting for our
+ * operations to drain is answered. ep lock held. */
+void fab_pwin_op_done(fab_comm* c);
+/* Sends a window message to c's peer. ep lock held. */
+int fab_pwin_send(fab_comm* c, uint16_t op, uint64_t id, uint64_t va, uint64_t addr, uint64_t len, uint64_t key);
+/* The peer window with key that holds [va, va + len), or NULL with *why
+ * (FAB_KEY_*) saying what is known of the key. ep lock held. */
+const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va, uint64_t len, int* why);
 
 /* Our offers: remembered at registration, taken back at deregistration (0:
  * not found). */

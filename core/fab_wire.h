@@ -86,9 +86,12 @@ typedef struct fab_wire_accept {
  * ends from the handshake, and says that memory [va, va + len) of the sender,
  * reachable at provider address addr with key, may be written and read
  * through this connection (FAB_WINDOW_ADD) or no longer (FAB_WINDOW_REMOVE,
- * by id). Ordered with the sender's other messages (FI_ORDER_SAS). */
+ * by id; va carries the withdrawal's number). FAB_WINDOW_ACK answers a
+ * withdrawal (va: its number) once no operation of the answering end into the
+ * window is in flight. Ordered with the sender's other messages
+ * (FI_ORDER_SAS). */
 #define FAB_WINDOW_MAGIC 0x57424146u /* "FABW" */
-enum { FAB_WINDOW_ADD = 1, FAB_WINDOW_REMOVE = 2 };
+enum { FAB_WINDOW_ADD = 1, FAB_WINDOW_REMOVE = 2, FAB_WINDOW_ACK = 3 };
 typedef struct fab_wire_window {
   uint32_t magic;
   uint16_t version;
