@@ -62,7 +62,14 @@ typedef struct fab_listener {
   fab_list queue;       /* fab_conn_request waiting for accept */
   fab_comm* accepting;  /* recv comm whose answer could not be posted yet */
   uint32_t accepting_connector;
+  fab_list ready;       /* fab_ready_comm: answered before accept was called (fab_listen_answer_early) */
 } fab_listener;
+
+/* A recv comm answered ahead of accept, waiting for it. */
+typedef struct fab_ready_comm {
+  fab_list node;
+  fab_comm* comm;
+} fab_ready_comm;
 
 /* A connect in progress, found again by the handle buffer NCCL passes on
  * every retry. */
@@ -142,6 +149,11 @@ void fab_pending_retire(fab_pending* pc, int ok);
 int fab_comm_close_owned(fab_endpoint* home, fab_ctx* owner);
 int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner);
 int fab_connect_drop_owned(fab_endpoint* home, fab_ctx* owner);
+
+/* fab_listen.c: answers every connect request queued on ep's listeners now,
+ * keeping the comms for their accept: a blocking connect (Neuron v4) must
+ * complete while its peer is itself blocked in connect. ep lock held. */
+void fab_listen_answer_early(fab_endpoint* ep);
 
 /* fab_ctrl.c */
 void fab_listen_teardown(fab_endpoint* ep);

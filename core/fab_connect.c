@@ -1,4 +1,5 @@
 /* The connecting side of the handshake. See fab_conn.h for the protocol. */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,7 +93,8 @@ int fab_connect_drop_owned(fab_endpoint* home, fab_ctx* owner) {
 static fab_pending* find_pending(fab_endpoint* ep, fab_ctx* owner, const void* handle) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
     fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
-    if (pc->owner == owner && pc->handle_ptr == handle && !memcmp(pc->handle_copy, handle, FAB_HANDLE_SIZE))
+    if (pc->owner == owner && pc->handle_ptr == handle &&
+        !memcmp(pc->handle_copy, handle, fab_wire_handle_used(handle)))
       return pc;
   }
   return NULL;
@@ -182,7 +184,7 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
   fab_wire_handle h;
   char why[160];
   if (fab_wire_handle_decode(handle, &h, why, sizeof(why)) != 0) {
-    FAB_WARN("connect: invalid handle: %s. Pass the 128 bytes listen() wrote, unchanged", why);
+    FAB_WARN("connect: invalid handle: %s. Pass the bytes listen() wrote, unchanged", why);
     return FAB_ERR_INVALID_USAGE;
   }
   if (h.prov_hash != home->dev->prov_hash) {
@@ -206,7 +208,7 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
   }
   fab_endpoint* ep = pc->ep;
   pc->handle_ptr = handle;
-  memcpy(pc->handle_copy, handle, FAB_HANDLE_SIZE);
+  memcpy(pc->handle_copy, handle, fab_wire_handle_used(handle));
   pc->listen_id = h.listen_id;
   memcpy(pc->peer_addr, h.addr, h.addr_len);
   pc->peer_addr_len = h.addr_len;
@@ -373,4 +375,21 @@ fab_result fab_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config* conf
   }
   pthread_mutex_unlock(&home->lock);
   return rc;
+}
+
+fab_result fab_connect_wait(fab_ctx* ctx_handle, int dev, const fab_comm_config* config, void* handle,
+                            void** send_comm, void** dev_handle) {
+  for (;;) {
+    fab_result rc = fab_connect(ctx_handle, dev, config, handle, send_comm, dev_handle);
+    if (rc != FAB_OK || *send_comm) return rc; /* fab_connect gives up after FABRIC_CONNECT_TIMEOUT_MS */
+    for (int i = 0; i < FAB_MAX_DEVICES; i++) { /* the peer may be blocked in its own connect to us */
+      fab_endpoint* ep = atomic_load(&fab_g.eps[i]);
+      if (!ep) continue;
+      pthread_mutex_lock(&ep->lock);
+      fab_ep_progress_locked(ep);
+      fab_listen_answer_early(ep);
+      pthread_mutex_unlock(&ep->lock);
+    }
+    sched_yield();
+  }
 }

@@ -230,6 +230,16 @@ fab_result fab_rma_query_last_error(void* rma_ctx, bool* has_error);
 
 /* --- one-sided calls on a connection (Neuron tables) ----------------------- */
 
+/* Neuron v4's blocking calls: listen into a 64-byte handle (fails with a
+ * WARN when the endpoint's address does not fit), and connect and accept
+ * that return only with a comm or an error (FABRIC_CONNECT_TIMEOUT_MS). A
+ * blocking connect answers connect requests queued on our listeners while it
+ * waits, since the peer may itself be blocked in connect; accept then returns
+ * the comms so answered. */
+fab_result fab_listen_short(fab_ctx* ctx, int dev, void* handle, void** listen_comm);
+fab_result fab_connect_wait(fab_ctx* ctx, int dev, const fab_comm_config* config, void* handle, void** send_comm,
+                            void** dev_handle);
+fab_result fab_accept_wait(void* listen_comm, void** recv_comm, void** dev_handle);
 /* Process-wide fini (Neuron v6): ends what fab_init_process began. */
 fab_result fab_fini_process(void);
 /* fab_get_properties, seen by a runtime that registers per connection and

@@ -159,6 +159,8 @@ void fab_listener_free_locked(fab_listener* l, int refuse) {
     free(q);
   }
   if (l->accepting) fab_comm_free(l->accepting); /* nothing of it was posted */
+  for (fab_list* n; (n = fab_list_pop(&l->ready));) free(FAB_CONTAINER_OF(n, fab_ready_comm, node)); /* its comm
+                                                        * stays listed on the endpoint: finalize closes it */
   l->magic = 0;
   free(l);
 }

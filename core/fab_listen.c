@@ -1,6 +1,7 @@
 /* The listening side of the handshake: listen, accept, closeListen. Connect
  * requests reach a listener's queue through fab_ctrl.c. See fab_conn.h for
  * the protocol. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,15 +11,21 @@
 
 /* --- listen ----------------------------------------------------------------- */
 
-fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_comm) {
+/* A listener whose handle must fit in cap bytes. */
+static fab_result listen_in(fab_ctx* ctx_handle, int dev, void* handle, size_t cap, void** listen_comm) {
   if (!listen_comm) return fab_bad_argument("listen", "listenComm", 0, "a non-NULL pointer");
   *listen_comm = NULL;
-  if (!handle) return fab_bad_argument("listen", "handle", 0, "a non-NULL 128-byte buffer");
+  if (!handle) return fab_bad_argument("listen", "handle", 0, "a non-NULL handle buffer");
   fab_ctx* ctx;
   fab_device* d;
   fab_endpoint* ep;
   fab_result rc = fab_ctx_endpoint(ctx_handle, dev, "listen", &ctx, &d, &ep);
   if (rc != FAB_OK) return rc;
+  if (FAB_HANDLE_HEADER + ep->addr_len > cap) {
+    FAB_WARN("listen: the endpoint address on %s (%zu bytes, provider %s) does not fit a %zu-byte handle; use a "
+             "table version with 128-byte handles", d->name, ep->addr_len, fab_device_provider(ep->dev), cap);
+    return FAB_ERR_INVALID_USAGE;
+  }
   fab_listener* l = calloc(1, sizeof(*l));
   if (!l) {
     FAB_WARN("listen: out of memory");
@@ -29,6 +36,7 @@ fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_
   l->dev = d;
   l->owner = ctx;
   fab_list_init(&l->queue);
+  fab_list_init(&l->ready);
   pthread_mutex_lock(&ep->lock);
   do l->listen_id = fab_random64();
   while (fab_listener_find(ep, l->listen_id));
@@ -43,10 +51,17 @@ fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_
     free(l);
     return rc;
   }
-  memset(handle, 0, FAB_HANDLE_SIZE);
-  fab_wire_handle_encode(handle, l->listen_id, ep->dev->prov_hash, ep->addr, ep->addr_len);
+  fab_wire_handle_encode(handle, cap, l->listen_id, ep->dev->prov_hash, ep->addr, ep->addr_len);
   *listen_comm = l->handle;
   return FAB_OK;
+}
+
+fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_comm) {
+  return listen_in(ctx_handle, dev, handle, FAB_HANDLE_SIZE, listen_comm);
+}
+
+fab_result fab_listen_short(fab_ctx* ctx_handle, int dev, void* handle, void** listen_comm) {
+  return listen_in(ctx_handle, dev, handle, FAB_HANDLE_SIZE_V4, listen_comm);
 }
 
 /* --- accept ----------------------------------------------------------------- */
@@ -131,6 +146,55 @@ static int accept_answer(fab_listener* l) {
   return -1;
 }
 
+/* Answers l's oldest queued request: the new recv comm, live and listed on
+ * ep; NULL when none is queued, its answer must wait, or it failed (*rc).
+ * ep lock held. */
+static fab_comm* answer_next(fab_listener* l, fab_result* rc) {
+  fab_endpoint* ep = l->ep;
+  if (!l->accepting) {
+    fab_list* n = fab_list_pop(&l->queue);
+    if (n) {
+      fab_conn_request* q = FAB_CONTAINER_OF(n, fab_conn_request, node);
+      l->accepting = accept_start(l, &q->msg);
+      free(q);
+    }
+  }
+  fab_comm* c = l->accepting;
+  if (!c) return NULL;
+  int posted = accept_answer(l);
+  if (posted == 0) return NULL;
+  l->accepting = NULL;
+  if (posted > 0) c->handle = fab_obj_add(FAB_OBJ_RECV, c);
+  if (posted > 0 && c->handle) {
+    fab_list_push(&ep->comms, &c->park.node);
+    FAB_INFO(FAB_SUBSYS_NET, "accepted %s on %s as connection %u", c->peer_name, l->dev->name, c->conn_id);
+    return c;
+  }
+  if (posted > 0) FAB_WARN("accept: handle table full; close unused comms");
+  c->closing = 1;
+  if (!fab_comm_busy(c)) fab_comm_free(c);
+  else fab_comm_park_closed(ep, c);
+  *rc = FAB_ERR_SYSTEM;
+  return NULL;
+}
+
+void fab_listen_answer_early(fab_endpoint* ep) {
+  fab_result rc = FAB_OK;
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->listens) {
+    fab_listener* l = FAB_CONTAINER_OF(it, fab_listener, node);
+    fab_comm* c;
+    while ((c = answer_next(l, &rc))) {
+      fab_ready_comm* r = malloc(sizeof(*r));
+      if (!r) { /* keep it listed: finalize closes it */
+        FAB_WARN("accept: out of memory keeping a connection answered ahead of accept");
+        break;
+      }
+      r->comm = c;
+      fab_list_push(&l->ready, &r->node);
+    }
+  }
+}
+
 fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {
   (void)dev_handle;
   if (!recv_comm) return fab_bad_argument("accept", "recvComm", 0, "a non-NULL pointer");
@@ -145,31 +209,16 @@ fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {
   fab_result rc = FAB_OK;
   pthread_mutex_lock(&ep->lock);
   fab_ep_progress_locked(ep);
-  if (!l->accepting) {
-    fab_list* n = fab_list_pop(&l->queue);
-    if (n) {
-      fab_conn_request* q = FAB_CONTAINER_OF(n, fab_conn_request, node);
-      l->accepting = accept_start(l, &q->msg);
-      free(q);
-    }
+  fab_list* n = fab_list_pop(&l->ready); /* answered early, oldest first */
+  fab_comm* c = NULL;
+  if (n) {
+    fab_ready_comm* r = FAB_CONTAINER_OF(n, fab_ready_comm, node);
+    c = r->comm;
+    free(r);
+  } else {
+    c = answer_next(l, &rc);
   }
-  if (l->accepting) {
-    fab_comm* c = l->accepting;
-    int posted = accept_answer(l);
-    if (posted != 0) l->accepting = NULL;
-    if (posted > 0) c->handle = fab_obj_add(FAB_OBJ_RECV, c);
-    if (posted > 0 && c->handle) {
-      fab_list_push(&ep->comms, &c->park.node);
-      *recv_comm = c->handle;
-      FAB_INFO(FAB_SUBSYS_NET, "accepted %s on %s as connection %u", c->peer_name, l->dev->name, c->conn_id);
-    } else if (posted != 0) {
-      if (posted > 0) FAB_WARN("accept: handle table full; close unused comms");
-      c->closing = 1;
-      if (!fab_comm_busy(c)) fab_comm_free(c);
-      else fab_comm_park_closed(ep, c);
-      rc = FAB_ERR_SYSTEM;
-    }
-  }
+  if (c) *recv_comm = c->handle;
   pthread_mutex_unlock(&ep->lock);
   return rc;
 }
@@ -186,8 +235,16 @@ fab_result fab_close_listen(void* listen_comm) {
   }
   fab_endpoint* ep = l->ep;
   pthread_mutex_lock(&ep->lock);
+  fab_list early; /* answered early, never accepted: closed once the lock is let go */
+  fab_list_init(&early);
+  for (fab_list* n; (n = fab_list_pop(&l->ready));) fab_list_push(&early, n);
   fab_listener_free_locked(l, 1);
   pthread_mutex_unlock(&ep->lock);
+  for (fab_list* n; (n = fab_list_pop(&early));) {
+    fab_ready_comm* r = FAB_CONTAINER_OF(n, fab_ready_comm, node);
+    fab_close_recv(r->comm->handle);
+    free(r);
+  }
   return FAB_OK;
 }
 
@@ -205,3 +262,17 @@ int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner) {
   return n;
 }
 
+
+fab_result fab_accept_wait(void* listen_comm, void** recv_comm, void** dev_handle) {
+  int64_t until = fab_now_ms() + fab_g.params.connect_timeout_ms;
+  for (;;) {
+    fab_result rc = fab_accept(listen_comm, recv_comm, dev_handle);
+    if (rc != FAB_OK || *recv_comm) return rc;
+    if (fab_now_ms() > until) {
+      FAB_WARN("accept: no peer connected within %d ms; check that the peer is alive and connects with this "
+               "listener's handle, or raise FABRIC_CONNECT_TIMEOUT_MS", fab_g.params.connect_timeout_ms);
+      return FAB_ERR_SYSTEM;
+    }
+    sched_yield();
+  }
+}

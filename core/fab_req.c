@@ -113,7 +113,13 @@ fab_result fab_req_test(fab_req* r, int* done, int* sizes) {
   if (c->ops->settle) c->ops->settle(r);
   if (sizes) c->ops->sizes(r, sizes);
   fab_result rc = r->result;
-  if (FAB_UNLIKELY(rc != FAB_OK)) FAB_WARN("%s", r->errmsg ? r->errmsg : "request failed");
+  if (FAB_UNLIKELY(rc != FAB_OK)) {
+    if (r->errmsg) /* its operation's own account */
+      FAB_WARN("%s", r->errmsg);
+    else /* given up, nothing posted: the connection's failure is why */
+      FAB_WARN("%s of %zu bytes (tag %d) %s %s failed: %s", dir_word(r), r->size, r->tag, peer_word(r), c->peer_name,
+               c->error != FAB_OK ? c->error_why : "the transport gave it up");
+  }
   if (FAB_UNLIKELY(r->prof)) fab_prof_done(r);
   fab_req_put(r);
   return rc;

@@ -22,8 +22,10 @@ static int check_sum(void* copy, uint32_t* field, size_t size) {
   return got == want ? 0 : -1;
 }
 
-int fab_wire_handle_encode(void* buf, uint64_t listen_id, uint32_t prov_hash, const void* addr, size_t addr_len) {
-  if (addr_len == 0 || addr_len > FAB_ADDR_MAX) return -1;
+int fab_wire_handle_encode(void* buf, size_t cap, uint64_t listen_id, uint32_t prov_hash, const void* addr,
+                           size_t addr_len) {
+  if (cap > FAB_HANDLE_SIZE) cap = FAB_HANDLE_SIZE;
+  if (addr_len == 0 || addr_len > FAB_ADDR_MAX || FAB_HANDLE_HEADER + addr_len > cap) return -1;
   fab_wire_handle h;
   memset(&h, 0, sizeof(h));
   h.magic = FAB_HANDLE_MAGIC;
@@ -32,14 +34,21 @@ int fab_wire_handle_encode(void* buf, uint64_t listen_id, uint32_t prov_hash, co
   h.listen_id = listen_id;
   h.prov_hash = prov_hash;
   memcpy(h.addr, addr, addr_len);
-  SEAL(&h);
-  memcpy(buf, &h, sizeof(h));
+  h.checksum = fab_crc32c(&h, FAB_HANDLE_HEADER + addr_len);
+  memcpy(buf, &h, cap);
   return 0;
+}
+
+size_t fab_wire_handle_used(const void* buf) {
+  fab_wire_handle h;
+  memcpy(&h, buf, FAB_HANDLE_HEADER);
+  return FAB_HANDLE_HEADER + (h.addr_len <= FAB_ADDR_MAX ? h.addr_len : 0);
 }
 
 int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, size_t why_len) {
   fab_wire_handle h;
-  memcpy(&h, buf, sizeof(h));
+  memset(&h, 0, sizeof(h));
+  memcpy(&h, buf, FAB_HANDLE_HEADER);
   if (h.magic != FAB_HANDLE_MAGIC) {
     WHY("bad magic 0x%08x (not a handle written by this plugin's listen)", h.magic);
     return -1;
@@ -48,12 +57,13 @@ int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, siz
     WHY("protocol version %u, this build speaks %u (mixed plugin versions?)", h.version, (unsigned)FAB_WIRE_VERSION);
     return -1;
   }
-  if (check_sum(&h, &h.checksum, sizeof(h)) != 0) {
-    WHY("checksum mismatch (the handle bytes were corrupted in transit)");
-    return -1;
-  }
   if (h.addr_len == 0 || h.addr_len > FAB_ADDR_MAX) {
     WHY("address length %u out of range 1..%d", h.addr_len, FAB_ADDR_MAX);
+    return -1;
+  }
+  memcpy(h.addr, (const char*)buf + FAB_HANDLE_HEADER, h.addr_len);
+  if (check_sum(&h, &h.checksum, FAB_HANDLE_HEADER + h.addr_len) != 0) {
+    WHY("checksum mismatch (the handle bytes were corrupted in transit)");
     return -1;
   }
   if (!h.listen_id) {

@@ -16,15 +16,21 @@
 #include "fab_core.h"
 
 enum {
-  FAB_WIRE_VERSION = 3, /* 2: connect requests and probes untagged; 3: transport id and payload */
+  FAB_WIRE_VERSION = 4, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
+                         * offers, and a handle checked over the bytes in use only */
   FAB_ADDR_MAX = 104, /* endpoint address bytes that fit in the handle */
+  FAB_HANDLE_HEADER = 24, /* the handle's bytes before its address */
+  FAB_HANDLE_SIZE_V4 = 64, /* what a 64-byte ABI (Neuron v4) carries of the handle */
 };
 
 #define FAB_HANDLE_MAGIC 0x48424146u  /* "FABH" */
 #define FAB_CONNECT_MAGIC 0x51424146u /* "FABQ" */
 #define FAB_ACCEPT_MAGIC 0x52424146u  /* "FABR" */
 
-/* The listen handle (exactly FAB_HANDLE_SIZE bytes). */
+/* The listen handle: at most FAB_HANDLE_SIZE bytes, of which the header and
+ * the address are in use. Only those are read, checked (the checksum covers
+ * them) and compared: an ABI whose handle is shorter (Neuron v4: 64 bytes)
+ * carries them when the address fits. */
 typedef struct fab_wire_handle {
   uint32_t magic;
   uint16_t version;
@@ -108,17 +114,23 @@ typedef struct fab_wire_window {
 } fab_wire_window;
 
 _Static_assert(sizeof(fab_wire_handle) == FAB_HANDLE_SIZE, "handle must be exactly 128 bytes");
+_Static_assert(offsetof(fab_wire_handle, addr) == FAB_HANDLE_HEADER, "handle header layout");
 _Static_assert(sizeof(fab_wire_window) == 64, "window offer layout");
 _Static_assert(sizeof(fab_wire_window) <= sizeof(fab_wire_connect), "a window offer fits a connect-request receive");
 _Static_assert(sizeof(fab_wire_tp) == 56, "transport payload layout");
 _Static_assert(sizeof(fab_wire_connect) == 184, "connect message layout");
 _Static_assert(sizeof(fab_wire_accept) == 88, "accept message layout");
 
-/* Writes a handle. Returns -1 when addr_len does not fit. */
-int fab_wire_handle_encode(void* buf, uint64_t listen_id, uint32_t prov_hash, const void* addr, size_t addr_len);
-/* Validates len bytes received or handed over; on failure writes the reason
- * (for the WARN) and returns -1. */
+/* Writes a handle into cap bytes (FAB_HANDLE_SIZE at most; the bytes after
+ * the address are zeroed). Returns -1 when addr_len does not fit. */
+int fab_wire_handle_encode(void* buf, size_t cap, uint64_t listen_id, uint32_t prov_hash, const void* addr,
+                           size_t addr_len);
+/* Validates a handle handed over, reading only the bytes in use; on failure
+ * writes the reason (for the WARN) and returns -1. */
 int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, size_t why_len);
+/* The bytes of a handle in use (what its header says, FAB_HANDLE_SIZE at
+ * most): what a connector copies and compares. */
+size_t fab_wire_handle_used(const void* buf);
 
 void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t connector_id, const void* addr,
                              size_t addr_len, const fab_wire_tp* tp);

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from .types import CType
 from .versions import VMap
 
-ARG_CONVS = {"copy", "widen", "narrow", "widen_array", "narrow_array", "struct_in", "struct_out", "ignore"}
+ARG_CONVS = {"copy", "widen", "narrow", "widen_array", "narrow_array", "struct_in", "struct_out", "ignore", "one",
+             "widen_one"}
 FIELD_CONVS = {"copy", "widen", "narrow", "array", "struct", "default", "derive", "ignore"}
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -10,6 +10,7 @@ from .convert import DRIVER_ARRAY_MAX, CFunction, Sink, StructConv, cast, checks
 
 STRUCT_CONVS = ("struct_in", "struct_out")
 ARRAY_CONVS = ("widen_array", "narrow_array")
+ONE_CONVS = ("one", "widen_one")  # a scalar that the core takes as an array of one
 
 
 def _bad(a, message, key="conv"):
@@ -58,6 +59,13 @@ def _check_arg(spec, table, slot, a, core_t):
             raise _bad(a, f"{conv} needs count = <argument holding the element count>", "count")
         if problem is None and a.defn.max is None:
             raise _bad(a, f"{conv} needs max = <C constant bounding count>", "max")
+    elif conv in ONE_CONVS:
+        if not core_t.is_pointer:
+            problem = f"{conv} needs a pointer on the core side (an array of one element)"
+        elif conv == "one":
+            problem = copy_problem(t, core_t.element())
+        else:
+            problem = numeric_problem("widen", t, core_t.element())
     elif conv in STRUCT_CONVS:
         if t.ref.ptr != 1 or t.struct is None or core_t.ref.ptr != 1 or core_t.struct is None:
             problem = f"{conv} needs struct pointers on both sides ({t.spelling} vs {core_t.spelling})"
@@ -105,6 +113,13 @@ def _shim_arg(spec, slot, a, core_t, sink, pre, post):
         for c, e in checks(t, core_t, n):
             pre += sink.guard(c, n, n, e)
         return cast(n, t, core_t)
+    if conv in ONE_CONVS:
+        elem = core_t.element().ref.without_const()
+        if conv == "widen_one":
+            for c, e in checks(t, core_t.element(), n):
+                pre += sink.guard(c, n, n, e)
+        pre += [f"{elem.spelling} {n}_one[1] = {{({elem.spelling}){n}}};"]
+        return f"{n}_one"
     if conv in ARRAY_CONVS:
         count, cap = a.defn.count, a.defn.max
         elem_core, elem_abi = core_t.element().ref.without_const(), t.element()
@@ -190,6 +205,8 @@ def _driver_arg(spec, slot, a, p, api_t, sink, pre, post):
         return cast(p, api_t, t)
     if conv in ("widen", "narrow"):
         return f"({t.spelling}){p}"
+    if conv in ONE_CONVS:  # the core's first element (the version has room for one)
+        return f"{p} != NULL ? ({t.spelling}){p}[0] : ({t.spelling})0"
     if conv in ARRAY_CONVS:
         count = slot.arg(a.defn.count).defn.to
         elem = t.element().ref.without_const().spelling

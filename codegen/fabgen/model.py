@@ -213,7 +213,10 @@ class Spec:
             exported = set(export)
         else:
             exported = set(versions) if export else set()
-        handle = node.get("handle_size", (int, str))
+        def handle_check(value, n, k):
+            if not isinstance(value, (int, str)) or isinstance(value, bool):
+                raise n.error("expected a byte count or a constant's name", k)
+        handle = VMap.parse(node, "handle_size", handle_check)
         fam = Family(node.get("name", str), node.get("title", str), versions, node.get("table", str),
                      node.get("symbol", str), node.get("header", str), bool(exported), node.get("plugin_name", str, ""),
                      None, releases, node.get("status", str, "exported" if exported == set(versions) else ""),
@@ -338,12 +341,15 @@ class Spec:
         for fam in self.families:
             if fam.export and fam.api not in apis:
                 raise fam.node.error(f"no [[core.api]] member belongs to '{fam.api}': its drivers would be empty", "api")
-            h = fam._handle
-            if isinstance(h, str):
-                if h not in self.constants:
-                    raise fam.node.error(f"unknown constant '{h}'", "handle_size")
-                h = self.constants[h].value
-            fam.handle_size = h
+            fam.handle_sizes = {}
+            for v in fam.versions:
+                h = fam._handle.at(v, "handle_size")
+                if isinstance(h, str):
+                    if h not in self.constants:
+                        raise fam.node.error(f"unknown constant '{h}'", "handle_size")
+                    h = self.constants[h].value
+                fam.handle_sizes[v] = h
+            fam.handle_size = fam.handle_sizes[fam.versions[-1]]
 
     # ---- types -------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 /*
  * Neuron net v4: ncclNeuronNet_v4_t, looked up as "ncclNetPlugin_v4".
  * NCCL releases: Neuron runtime (aws-ofi-nccl neuron build).
- * Status: v5, v6 exported from libnccom-net-fabric.so; v4 layout-checked, not exported: its blocking connect needs the listener to answer without accept.
  */
 #ifndef FAB_GENERATED_FAB_ABI_NEURON_V4_H
 #define FAB_GENERATED_FAB_ABI_NEURON_V4_H

@@ -207,6 +207,25 @@ static const struct fab_abi_slot net_v12_slots[] = {
   {"setNetAttr", 168, FAB_SLOT_OPTIONAL},
 };
 
+static const struct fab_abi_slot neuron_v4_slots[] = {
+  {"name", 0, FAB_SLOT_NAME},
+  {"init", 8, FAB_SLOT_REQUIRED},
+  {"devices", 16, FAB_SLOT_REQUIRED},
+  {"getProperties", 24, FAB_SLOT_REQUIRED},
+  {"listen", 32, FAB_SLOT_REQUIRED},
+  {"connect", 40, FAB_SLOT_REQUIRED},
+  {"accept", 48, FAB_SLOT_REQUIRED},
+  {"regMr", 56, FAB_SLOT_REQUIRED},
+  {"deregMr", 64, FAB_SLOT_REQUIRED},
+  {"isend", 72, FAB_SLOT_REQUIRED},
+  {"irecv", 80, FAB_SLOT_REQUIRED},
+  {"iflush", 88, FAB_SLOT_REQUIRED},
+  {"test", 96, FAB_SLOT_REQUIRED},
+  {"closeSend", 104, FAB_SLOT_REQUIRED},
+  {"closeRecv", 112, FAB_SLOT_REQUIRED},
+  {"closeListen", 120, FAB_SLOT_REQUIRED},
+};
+
 static const struct fab_abi_slot neuron_v5_slots[] = {
   {"name", 0, FAB_SLOT_NAME},
   {"init", 8, FAB_SLOT_REQUIRED},
@@ -372,6 +391,8 @@ const struct fab_driver_info fab_drivers[] = {
    fab_driver_bind_net_v11},
   {"net", "fab_api", "nccl-net-fabric", "ncclNetPlugin_v12", 12, "Fabric", 176, 22, net_v12_slots,
    fab_driver_bind_net_v12},
+  {"neuron", "fab_api", "nccom-net-fabric", "ncclNetPlugin_v4", 4, "Fabric", 128, 16, neuron_v4_slots,
+   fab_driver_bind_neuron_v4},
   {"neuron", "fab_api", "nccom-net-fabric", "ncclNetPlugin_v5", 5, "Fabric", 168, 21, neuron_v5_slots,
    fab_driver_bind_neuron_v5},
   {"neuron", "fab_api", "nccom-net-fabric", "ncclNetPlugin_v6", 6, "Fabric", 176, 22, neuron_v6_slots,

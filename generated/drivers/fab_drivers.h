@@ -71,6 +71,7 @@ int fab_driver_bind_net_v9(const void* table, void* api);
 int fab_driver_bind_net_v10(const void* table, void* api);
 int fab_driver_bind_net_v11(const void* table, void* api);
 int fab_driver_bind_net_v12(const void* table, void* api);
+int fab_driver_bind_neuron_v4(const void* table, void* api);
 int fab_driver_bind_neuron_v5(const void* table, void* api);
 int fab_driver_bind_neuron_v6(const void* table, void* api);
 int fab_driver_bind_rma_v13(const void* table, void* api);

@@ -133,6 +133,12 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_test), fab_result (*)(void*, int*, 
                "abi/core.toml: fab_test differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_fini_process), fab_result (*)()),
                "abi/core.toml: fab_fini_process differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_listen_short), fab_result (*)(fab_ctx*, int, void*, void**)),
+               "abi/core.toml: fab_listen_short differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_connect_wait), fab_result (*)(fab_ctx*, int, const fab_comm_config*, void*, void**, void**)),
+               "abi/core.toml: fab_connect_wait differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_accept_wait), fab_result (*)(void*, void**, void**)),
+               "abi/core.toml: fab_accept_wait differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_p2p_get_properties), fab_result (*)(int, fab_properties*)),
                "abi/core.toml: fab_p2p_get_properties differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_reg_mr_offered), fab_result (*)(void*, void*, size_t, int, void**)),

@@ -60,9 +60,13 @@ Test(abi_layout, driver_registry_matches_tables) {
     cr_expect_eq(d->slots[0].kind, FAB_SLOT_NAME, "%s: slot 0 is the name", d->symbol);
     for (int s = 0; s < d->nslots; s++)
       cr_expect_eq(d->slots[s].offset, (size_t)s * sizeof(void*), "%s.%s", d->symbol, d->slots[s].name);
-    cr_expect_eq(fab_driver_find(d->symbol), d);
+    cr_expect_eq(fab_driver_find_in(d->family, d->symbol), d);
   }
   cr_expect_not_null(fab_driver_find("ncclGinPlugin_v11"), "GIN v11 is exported (proxy mode)");
   cr_expect_null(fab_driver_find("ncclGinPlugin_v13"), "GIN v13 (device backends) has no driver: not exported");
-  cr_expect_null(fab_driver_find("ncclNetPlugin_v5"));
+  cr_expect_null(fab_driver_find_in("net", "ncclNetPlugin_v5"), "net v5 is not described");
+  cr_expect_not_null(fab_driver_find_in("neuron", "ncclNetPlugin_v5"), "Neuron v5 is exported");
+  cr_expect_not_null(fab_driver_find_in("neuron", "ncclNetPlugin_v4"), "Neuron v4 is exported");
+  cr_expect_str_eq(fab_driver_find("ncclNetPlugin_v6")->family, "net", "a bare symbol finds NCCL's table first");
+  cr_expect_str_eq(fab_driver_find_in("neuron", "ncclNetPlugin_v6")->library, "nccom-net-fabric");
 }

@@ -3,8 +3,9 @@
  * dlsym "ncclNetPlugin_vN", "ncclRmaPlugin_vN") and walks every table it
  * exports: which symbols exist, every slot against what the spec says it must
  * hold, the name string, and the generated driver bound on top. Needs no
- * network: nothing is initialized. The library comes from FABRIC_TEST_PLUGIN,
- * the versions it must export from FABRIC_EXPECTED_{NET,RMA}_VERSIONS (set by
+ * network: nothing is initialized. The libraries come from FABRIC_TEST_PLUGIN
+ * (NCCL's) and FABRIC_TEST_NEURON_PLUGIN (Neuron's, when built), the versions
+ * they must export from FABRIC_EXPECTED_{NET,RMA,GIN,NEURON}_VERSIONS (set by
  * the build).
  */
 #include <criterion/criterion.h>
@@ -15,14 +16,23 @@
 
 #include "fab_drivers.h"
 
-static void* lib;
+static void* lib;        /* libnccl-net-fabric.so */
+static void* neuron_lib; /* libnccom-net-fabric.so, or NULL when not built */
 
 static void open_plugin(void) {
   const char* path = getenv("FABRIC_TEST_PLUGIN");
   cr_assert(path != NULL && *path, "FABRIC_TEST_PLUGIN must name the plugin library");
   lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   cr_assert(lib != NULL, "dlopen(%s): %s", path, dlerror());
+  const char* npath = getenv("FABRIC_TEST_NEURON_PLUGIN");
+  cr_assert(!*FABRIC_EXPECTED_NEURON_VERSIONS || (npath && *npath), "FABRIC_TEST_NEURON_PLUGIN must name the Neuron library");
+  neuron_lib = npath && *npath ? dlopen(npath, RTLD_NOW | RTLD_LOCAL) : NULL;
+  cr_assert(!npath || !*npath || neuron_lib != NULL, "dlopen(%s): %s", npath, dlerror());
 }
+
+static int is_neuron(const struct fab_driver_info* d) { return strcmp(d->family, "neuron") == 0; }
+/* The library that exports d's table. */
+static void* lib_of(const struct fab_driver_info* d) { return is_neuron(d) ? neuron_lib : lib; }
 
 static int expected_in(const char* versions, int version) {
   char list[256];
@@ -37,6 +47,7 @@ static int expected_net(int version) { return expected_in(FABRIC_EXPECTED_NET_VE
 static int expected(const struct fab_driver_info* d) {
   const char* versions = strcmp(d->family, "rma") == 0   ? FABRIC_EXPECTED_RMA_VERSIONS
                          : strcmp(d->family, "gin") == 0 ? FABRIC_EXPECTED_GIN_VERSIONS
+                         : is_neuron(d)                  ? FABRIC_EXPECTED_NEURON_VERSIONS
                                                          : FABRIC_EXPECTED_NET_VERSIONS;
   return expected_in(versions, d->version);
 }
@@ -56,7 +67,8 @@ Test(abi_loader, exports_exactly_the_configured_tables) {
   int found = 0;
   for (int i = 0; i < fab_driver_count; i++) {
     const struct fab_driver_info* d = &fab_drivers[i];
-    void* table = dlsym(lib, d->symbol);
+    if (!lib_of(d)) continue;
+    void* table = dlsym(lib_of(d), d->symbol);
     if (expected(d)) {
       cr_expect(table != NULL, "%s is configured but not exported", d->symbol);
       found++;
@@ -66,8 +78,9 @@ Test(abi_loader, exports_exactly_the_configured_tables) {
     }
   }
   int wanted = 0;
-  const char* lists[] = {FABRIC_EXPECTED_NET_VERSIONS, FABRIC_EXPECTED_RMA_VERSIONS, FABRIC_EXPECTED_GIN_VERSIONS};
-  for (int l = 0; l < 3; l++)
+  const char* lists[] = {FABRIC_EXPECTED_NET_VERSIONS, FABRIC_EXPECTED_RMA_VERSIONS, FABRIC_EXPECTED_GIN_VERSIONS,
+                         FABRIC_EXPECTED_NEURON_VERSIONS};
+  for (int l = 0; l < 4; l++)
     for (const char* p = lists[l]; *p; p++) wanted += (p == lists[l] || p[-1] == ',') && *p != ',';
   cr_expect_eq(found, wanted, "every configured version needs a generated driver");
 
@@ -80,13 +93,23 @@ Test(abi_loader, exports_exactly_the_configured_tables) {
   }
   cr_expect_null(dlsym(lib, "fab_init"), "core symbols stay local");
   cr_expect_null(dlsym(lib, "fab_params_load"), "core symbols stay local");
+  /* Neuron's tables stay out of NCCL's library, and the other way round:
+   * the same symbol names mean different layouts. */
+  cr_expect_null(dlsym(lib, "ncclNetPlugin_v5"), "Neuron v5 is not in the NCCL library");
+  if (neuron_lib) {
+    cr_expect_null(dlsym(neuron_lib, "ncclNetPlugin_v12"), "NCCL's net tables are not in the Neuron library");
+    cr_expect_null(dlsym(neuron_lib, "ncclRmaPlugin_v16"), "NCCL's RMA tables are not in the Neuron library");
+    cr_expect_null(dlsym(neuron_lib, "fab_init"), "core symbols stay local");
+    if (expected_in(FABRIC_EXPECTED_NEURON_VERSIONS, 6) && expected_net(6))
+      cr_expect_neq(dlsym(neuron_lib, "ncclNetPlugin_v6"), dlsym(lib, "ncclNetPlugin_v6"), "two v6 tables");
+  }
 }
 
 Test(abi_loader, every_slot_holds_what_the_spec_says) {
   for (int i = 0; i < fab_driver_count; i++) {
     const struct fab_driver_info* d = &fab_drivers[i];
     if (!expected(d)) continue;
-    void* const* slot = dlsym(lib, d->symbol);
+    void* const* slot = dlsym(lib_of(d), d->symbol);
     cr_assert(slot != NULL, "%s", d->symbol);
     for (int s = 0; s < d->nslots; s++) {
       const struct fab_abi_slot* info = &d->slots[s];
@@ -111,16 +134,24 @@ Test(abi_loader, every_slot_holds_what_the_spec_says) {
 
 static void check_net_driver(const struct fab_driver_info* d, void* table) {
   fab_api api;
-  cr_assert_eq(fab_driver_bind(d->symbol, table, &api), 0, "%s", d->symbol);
+  cr_assert_eq(fab_driver_bind_in(d->family, d->symbol, table, &api), 0, "%s", d->symbol);
   cr_expect_eq(api.version, d->version);
   cr_expect_str_eq(api.name, "Fabric");
-  cr_expect_eq(api.max_handle_size, 128);
+  cr_expect_eq(api.max_handle_size, is_neuron(d) && d->version == 4 ? 64 : 128, "%s: handle size %d", d->symbol,
+               api.max_handle_size);
   cr_expect(api.init && api.finalize && api.devices && api.get_properties && api.listen && api.connect &&
-                api.accept && api.close_send && api.close_recv && api.close_listen && api.reg_mr &&
-                api.reg_mr_dmabuf && api.dereg_mr && api.isend && api.irecv && api.iflush && api.test,
+                api.accept && api.close_send && api.close_recv && api.close_listen && api.reg_mr && api.dereg_mr &&
+                api.isend && api.irecv && api.iflush && api.test,
             "%s: a required fab_api member is NULL", d->symbol);
+  cr_expect_eq(api.reg_mr_dmabuf != NULL, has_slot(d, "regMrDmaBuf"), "%s: reg_mr_dmabuf", d->symbol);
   cr_expect_eq(api.make_vdevice != NULL, has_slot(d, "makeVDevice"), "%s: make_vdevice", d->symbol);
   cr_expect_eq(api.set_net_attr != NULL, has_slot(d, "setNetAttr"), "%s: set_net_attr", d->symbol);
+  int onesided = has_slot(d, "iwrite");
+  cr_expect_eq(onesided, is_neuron(d) && d->version >= 5, "%s: one-sided calls on a connection are Neuron v5+'s",
+               d->symbol);
+  cr_expect(api.get_mr_key && api.iwrite && api.iwrite_inline && api.iread ? onesided
+                : !api.get_mr_key && !api.iwrite && !api.iwrite_inline && !api.iread && !onesided,
+            "%s: get_mr_key/iwrite/iwrite_inline/iread bound where the table has them, and only there", d->symbol);
 }
 
 static void check_rma_driver(const struct fab_driver_info* d, void* table) {
@@ -146,7 +177,7 @@ Test(abi_loader, drivers_bind_every_exported_table) {
   for (int i = 0; i < fab_driver_count; i++) {
     const struct fab_driver_info* d = &fab_drivers[i];
     if (!expected(d)) continue;
-    void* table = dlsym(lib, d->symbol);
+    void* table = dlsym(lib_of(d), d->symbol);
     if (strcmp(d->api, "fab_rma_api") == 0) check_rma_driver(d, table);
     else check_net_driver(d, table);
   }

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""nm -D --defined-only on the plugin must list exactly the configured
-ncclNetPlugin_vN, ncclRmaPlugin_vN and ncclGinPlugin_vN tables: no core
-symbol, no collNet table."""
+"""nm -D --defined-only on a plugin library must list exactly the configured
+tables of the families it exports (ncclNetPlugin_vN, ncclRmaPlugin_vN and
+ncclGinPlugin_vN for NCCL; Neuron's ncclNetPlugin_vN for the Neuron library):
+no core symbol, no collNet table."""
 
 import argparse
 import re
@@ -12,16 +13,18 @@ import sys
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--lib", required=True)
-    p.add_argument("--versions", required=True, help="comma-separated net versions the build exports")
+    p.add_argument("--versions", default="", help="comma-separated net versions the build exports")
     p.add_argument("--rma-versions", default="", help="comma-separated RMA versions the build exports")
     p.add_argument("--gin-versions", default="", help="comma-separated GIN versions the build exports")
+    p.add_argument("--neuron-versions", default="", help="comma-separated Neuron versions the build exports")
     p.add_argument("--exports", required=True, help="generated exports/fabric_exports.cmake")
     args = p.parse_args()
 
     with open(args.exports) as f:
         text = f.read()
     want = set()
-    for fam, versions in (("NET", args.versions), ("RMA", args.rma_versions), ("GIN", args.gin_versions)):
+    for fam, versions in (("NET", args.versions), ("RMA", args.rma_versions), ("GIN", args.gin_versions),
+                          ("NEURON", args.neuron_versions)):
         symbols = dict(re.findall(r"set\(FABRIC_GEN_%s_SYMBOL_(\d+) (\S+)\)" % fam, text))
         for v in filter(None, versions.split(",")):
             if v not in symbols:

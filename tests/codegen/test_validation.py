@@ -28,6 +28,18 @@ class SpecErrors(unittest.TestCase):
         err = self.generate_broken(lambda d: edit(f"{d}/net.toml", ISEND_TAG, ISEND_TAG[:-2] + ', colour = "red" }'))
         self.assertIn("abi/net.toml: table.slot[isend].args[tag].colour: unknown key 'colour'", err)
 
+    def test_same_symbol_twice_in_one_library(self):
+        err = self.generate_broken(lambda d: edit(f"{d}/neuron.toml", 'library = "nccom-net-fabric"\n', ""))
+        self.assertIn("ncclNetPlugin_v6 would be exported twice from libnccl-net-fabric.so", err)
+        self.assertIn("give this family a library of its own", err)
+
+    def test_one_needs_a_pointer_in_the_core(self):
+        err = self.generate_broken(lambda d: edit(
+            f"{d}/neuron.toml", '{ name = "size", type = "int", until = 4, conv = "widen_one", to = "sizes" }',
+            '{ name = "size", type = "int", until = 4, conv = "widen_one", to = "n" }'))
+        self.assertIn("abi/neuron.toml: table.slot[irecv].args[size]", err)
+        self.assertIn("widen_one needs a pointer on the core side", err)
+
     def test_unknown_key_in_struct_field(self):
         err = self.generate_broken(lambda d: edit(
             f"{d}/common.toml", '{ name = "trafficClass", type = "int", conv = "copy", core = "traffic_class" }',

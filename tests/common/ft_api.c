@@ -34,13 +34,13 @@ int ft_api_selected(void) {
   int base = 0, lo = 6, hi = 12;
   if (strncmp(v, "neuron", 6) == 0) {
     v += 6;
-    base = FT_API_NEURON, lo = 5, hi = 6;
+    base = FT_API_NEURON, lo = 4, hi = 6;
   }
   if (*v == 'v' || *v == 'V') v++;
   char* end = NULL;
   long n = strtol(v, &end, 10);
   if (!end || *end || n < lo || n > hi)
-    FT_FAIL("FABRIC_TEST_API=%s: expected core, 6..12 or neuron5..neuron6", getenv("FABRIC_TEST_API"));
+    FT_FAIL("FABRIC_TEST_API=%s: expected core, 6..12 or neuron4..neuron6", getenv("FABRIC_TEST_API"));
   return base + (int)n;
 }
 
@@ -153,13 +153,20 @@ void ft_connect_all(ft_side* s, ft_conn* c, int n, int timeout_ms) {
     FT_OK(a->listen(s->ctx, s->dev, c[i].handle, &c[i].listen_comm));
     FT_CHECK(c[i].listen_comm != NULL, "listen returned success with a NULL listen comm (comm %d)", i);
   }
-  /* Exchange all handles in one message. */
-  unsigned char* mine = malloc((size_t)n * FAB_HANDLE_SIZE);
-  unsigned char* theirs = malloc((size_t)n * FAB_HANDLE_SIZE);
+  /* Exchange all handles in one message, each only as long as the version's
+   * handle (Neuron v4: 64 bytes); what follows it is garbage, as in a
+   * runtime's buffer. */
+  size_t hs = (size_t)a->max_handle_size;
+  FT_CHECK(hs > 0 && hs <= FAB_HANDLE_SIZE, "handle size %zu", hs);
+  unsigned char* mine = malloc((size_t)n * hs);
+  unsigned char* theirs = malloc((size_t)n * hs);
   FT_CHECK(mine && theirs, "out of memory");
-  for (int i = 0; i < n; i++) memcpy(mine + (size_t)i * FAB_HANDLE_SIZE, c[i].handle, FAB_HANDLE_SIZE);
-  ft_xchg(s->peer, "handles", mine, theirs, (size_t)n * FAB_HANDLE_SIZE, timeout_ms);
-  for (int i = 0; i < n; i++) memcpy(c[i].peer_handle, theirs + (size_t)i * FAB_HANDLE_SIZE, FAB_HANDLE_SIZE);
+  for (int i = 0; i < n; i++) memcpy(mine + (size_t)i * hs, c[i].handle, hs);
+  ft_xchg(s->peer, "handles", mine, theirs, (size_t)n * hs, timeout_ms);
+  for (int i = 0; i < n; i++) {
+    memset(c[i].peer_handle, 0xee, FAB_HANDLE_SIZE);
+    memcpy(c[i].peer_handle, theirs + (size_t)i * hs, hs);
+  }
   free(mine);
   free(theirs);
 

@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* API ids: 0 = the core, 6..12 = NCCL's ncclNetPlugin_vN, FT_API_NEURON + N
- * = Neuron's ncclNetPlugin_vN (from the Neuron library). */
+ * = Neuron's ncclNetPlugin_vN (from the Neuron library; FABRIC_TEST_API=neuronN). */
 enum { FT_API_CORE = 0, FT_API_NEWEST = -1, FT_API_NEURON = 1000 };
 
 /* The selected API id; fails on a value it cannot parse. */
@@ -48,6 +48,10 @@ static inline int ft_int_sizes(const ft_lib* l) { return l->neuron || (l->versio
 static inline int ft_int_reg_size(const ft_lib* l) { return !l->neuron && l->version >= 6 && l->version <= 7; }
 /* per-communicator contexts (net v11+, and the core). */
 static inline int ft_has_ctx(const ft_lib* l) { return ft_net_since(l, 11); }
+/* connect and accept block until they have a comm (Neuron v4). */
+static inline int ft_blocking(const ft_lib* l) { return l->neuron && l->version == 4; }
+/* irecv takes one untagged buffer, not arrays (Neuron v4). */
+static inline int ft_single_recv(const ft_lib* l) { return l->neuron && l->version == 4; }
 /* regIsGlobal in the properties (net v8+, Neuron v5+). */
 static inline int ft_has_reg_is_global(const ft_lib* l) { return l->neuron ? l->version >= 5 : ft_net_since(l, 8); }
 
@@ -87,7 +91,9 @@ typedef struct ft_conn {
 } ft_conn;
 
 /* listen on n comms, exchange the handles, then call connect and accept in
- * turn (non-blocking, like NCCL) until all 2n comms exist or timeout_ms. */
+ * turn (non-blocking, like NCCL) until all 2n comms exist or timeout_ms.
+ * Blocking versions (Neuron v4) return from each call with its comm; both
+ * ranks connect first, as a runtime may. */
 void ft_connect_all(ft_side* s, ft_conn* c, int n, int timeout_ms);
 void ft_close_all(ft_side* s, ft_conn* c, int n);
 

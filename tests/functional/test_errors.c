@@ -26,9 +26,14 @@ FT_PAIR_TEST(corrupt_handle, 60) {
   FT_OK(s.api->listen(s.ctx, s.dev, handle, &lc));
   ft_xchg(peer, "handle", handle, theirs, sizeof handle, T_MS);
 
-  /* Gross corruption, then one flipped bit at a time across all 128 bytes
-   * (the handle carries a checksum of all of it: fab_wire.h). */
+  /* Gross corruption, then one flipped bit at a time across the bytes in
+   * use (the header, 24 bytes, and the address whose length it gives: the
+   * checksum covers them, fab_wire.h; what follows is not part of it). */
   enum { NGROSS = 4, NBIT = FAB_HANDLE_SIZE / 8, NV = NGROSS + NBIT };
+  uint16_t alen;
+  memcpy(&alen, theirs + 6, sizeof alen);
+  int used = 24 + alen;
+  FT_CHECK(used <= s.api->max_handle_size, "the handle uses %d bytes of %d", used, s.api->max_handle_size);
   unsigned char bad[NV][FAB_HANDLE_SIZE];
   char desc[NV][48] = {"every byte inverted", "all zero", "first 16 bytes inverted", "random bytes"};
   for (int k = 0; k < FAB_HANDLE_SIZE; k++) {
@@ -38,7 +43,7 @@ FT_PAIR_TEST(corrupt_handle, 60) {
     bad[3][k] = (unsigned char)(ft_seed(7, (uint64_t)k, 0) >> 13);
   }
   for (int v = NGROSS; v < NV; v++) {
-    int off = (v - NGROSS) * 8 + (v % 8), bit = v % 8;
+    int off = ((v - NGROSS) * 8 + (v % 8)) % used, bit = v % 8;
     memcpy(bad[v], theirs, FAB_HANDLE_SIZE);
     bad[v][off] ^= (unsigned char)(1u << bit);
     snprintf(desc[v], sizeof desc[v], "bit %d of byte %d flipped", bit, off);
@@ -66,6 +71,7 @@ FT_PAIR_TEST(corrupt_handle, 60) {
         left--;
       }
     }
+    if (ft_blocking(&s.lib)) continue; /* its accept would wait for a peer that never comes */
     void* rcomm = NULL;
     void* dh = NULL;
     fab_result arc = s.api->accept(lc, &rcomm, &dh);
@@ -116,6 +122,7 @@ FT_PAIR_TEST(refused, 60) {
   while (rc == FAB_OK && !sc && ft_now_ms() - t0 < REFUSED_MS) {
     void* dh = NULL;
     rc = s.api->connect(s.ctx, s.dev, &s.config, theirs, &sc, &dh);
+    if (ft_blocking(&s.lib)) continue; /* a blocking connect progresses by itself; accept would wait */
     void* none = NULL;
     FT_OK(s.api->accept(keep, &none, &dh)); /* keeps this side progressing */
     FT_CHECK(none == NULL, "accept produced a comm although nobody connects to this listen comm");
@@ -195,6 +202,7 @@ FT_PAIR_TEST(bad_arguments, 60) {
     FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, &len, &tag, &no_mh, NULL, &req)); /* no memory handle */
     FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, &len, &tag, NULL, NULL, &req));   /* no handle array */
   }
+  if (!ft_single_recv(&s.lib)) { /* counts and arrays: a version with one buffer per receive has none */
   FT_EXPECT_ERROR(a->irecv(c.recv_comm, 0, &d, &len, &tag, &rm.mh, NULL, &req));
   FT_EXPECT_ERROR(a->irecv(c.recv_comm, -1, &d, &len, &tag, &rm.mh, NULL, &req));
   {
@@ -208,6 +216,7 @@ FT_PAIR_TEST(bad_arguments, 60) {
   }
   FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, &d, NULL, &tag, &rm.mh, NULL, &req));
   FT_EXPECT_ERROR(a->irecv(c.recv_comm, 1, NULL, &len, &tag, &rm.mh, NULL, &req));
+  }
 
   ft_phase("bad arguments: memory handles");
   {
@@ -527,6 +536,7 @@ static void foreign_handle_body(ft_peer* peer, void* arg) {
     void* dh = NULL;
     rc = s.api->connect(s.ctx, s.dev, &s.config, theirs, &sc, &dh);
     FT_CHECK(sc == NULL, "connect accepted a handle written by a plugin on another provider");
+    if (ft_blocking(&s.lib)) continue; /* its accept would wait for a peer that never comes */
     void* rcomm = NULL;
     FT_OK(s.api->accept(lc, &rcomm, &dh));
     FT_CHECK(rcomm == NULL, "accept produced a comm for a peer on another provider");

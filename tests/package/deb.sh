@@ -19,7 +19,8 @@ echo "package: $deb"
 
 multiarch=$(gcc -print-multiarch)
 contents=$(dpkg-deb -c "$deb")
-for f in "./usr/lib/$multiarch/libnccl-net-fabric.so" ./usr/bin/fabric-info ./usr/share/doc/$pkg/README.md; do
+for f in "./usr/lib/$multiarch/libnccl-net-fabric.so" "./usr/lib/$multiarch/libnccom-net-fabric.so" ./usr/bin/fabric-info \
+         ./usr/share/doc/$pkg/README.md; do
   grep -q " $f\$" <<<"$contents" || fail "the package lacks $f"
 done
 depends=$(dpkg-deb -f "$deb" Depends)

@@ -113,7 +113,9 @@ static void probe_plugin(info_report* r, void* dl) {
   if (dlinfo(dl, RTLD_DI_LINKMAP, &map) == 0 && map) snprintf(r->plugin_file, INFO_LINE, "%s", map->l_name);
   for (int i = 0; i < fab_driver_count && r->ntables < INFO_MAX_TABLES; i++) {
     const struct fab_driver_info* d = &fab_drivers[i];
-    void* table = dlsym(dl, d->symbol);
+    /* NCCL's library: Neuron's tables (libnccom-net-fabric.so) reuse its
+     * symbol names and are not probed here */
+    void* table = strcmp(d->library, "nccl-net-fabric") == 0 ? dlsym(dl, d->symbol) : NULL;
     if (!table) continue;
     snprintf(r->tables[r->ntables++], sizeof r->tables[0], "%s", d->symbol);
     if (strcmp(d->family, "net") == 0 && r->nversions < INFO_MAX_VERSIONS)

@@ -87,7 +87,7 @@ static void make_handle(unsigned char* buf) {
   unsigned char addr[16];
   for (int i = 0; i < 16; i++) addr[i] = (unsigned char)(i * 17 + 3);
   memset(buf, 0xee, FAB_HANDLE_SIZE);
-  cr_assert_eq(fab_wire_handle_encode(buf, 0x1122334455667788ULL, 0xabcdef01u, addr, sizeof(addr)), 0);
+  cr_assert_eq(fab_wire_handle_encode(buf, FAB_HANDLE_SIZE, 0x1122334455667788ULL, 0xabcdef01u, addr, sizeof(addr)), 0);
 }
 
 Test(wire, handle_roundtrip) {
@@ -103,12 +103,18 @@ Test(wire, handle_roundtrip) {
   cr_assert_eq(h.addr[16], 0, "unused address bytes are zero");
 }
 
+/* Every bit of the bytes in use is checked; those after them are not read
+ * (a 64-byte ABI carries only the first 64). */
 Test(wire, handle_every_bit_flip_detected) {
   unsigned char buf[FAB_HANDLE_SIZE];
   make_handle(buf);
   fab_wire_handle h;
   char why[160];
-  for (int byte = 0; byte < FAB_HANDLE_SIZE; byte++) {
+  size_t used = fab_wire_handle_used(buf);
+  cr_assert_eq(used, FAB_HANDLE_HEADER + 16);
+  for (size_t byte = used; byte < FAB_HANDLE_SIZE; byte++) buf[byte] = (unsigned char)(byte * 31);
+  cr_assert_eq(fab_wire_handle_decode(buf, &h, why, sizeof(why)), 0, "bytes past the address are ignored: %s", why);
+  for (int byte = 0; byte < (int)used; byte++) {
     for (int bit = 0; bit < 8; bit++) {
       buf[byte] ^= (unsigned char)(1u << bit);
       cr_assert_neq(fab_wire_handle_decode(buf, &h, why, sizeof(why)), 0, "flip of byte %d bit %d accepted", byte,
@@ -132,10 +138,19 @@ Test(wire, handle_garbage_and_limits) {
     cr_assert_neq(fab_wire_handle_decode(buf, &h, why, sizeof(why)), 0);
   }
   unsigned char addr[FAB_ADDR_MAX + 1] = {1};
-  cr_assert_neq(fab_wire_handle_encode(buf, 1, 1, addr, sizeof(addr)), 0, "an address too long for the handle");
-  cr_assert_neq(fab_wire_handle_encode(buf, 1, 1, addr, 0), 0);
-  cr_assert_eq(fab_wire_handle_encode(buf, 1, 1, addr, FAB_ADDR_MAX), 0);
+  cr_assert_neq(fab_wire_handle_encode(buf, FAB_HANDLE_SIZE, 1, 1, addr, sizeof(addr)), 0,
+                "an address too long for the handle");
+  cr_assert_neq(fab_wire_handle_encode(buf, FAB_HANDLE_SIZE, 1, 1, addr, 0), 0);
+  cr_assert_eq(fab_wire_handle_encode(buf, FAB_HANDLE_SIZE, 1, 1, addr, FAB_ADDR_MAX), 0);
   cr_assert_eq(fab_wire_handle_decode(buf, &h, why, sizeof(why)), 0, "%s", why);
+  /* A 64-byte handle (Neuron v4): 40 address bytes fit, 41 do not, and
+   * nothing past 64 bytes is written. */
+  memset(buf, 0x5a, sizeof(buf));
+  cr_assert_eq(fab_wire_handle_encode(buf, FAB_HANDLE_SIZE_V4, 1, 1, addr, FAB_HANDLE_SIZE_V4 - FAB_HANDLE_HEADER), 0);
+  for (int i = FAB_HANDLE_SIZE_V4; i < FAB_HANDLE_SIZE; i++) cr_assert_eq(buf[i], 0x5a, "byte %d written", i);
+  cr_assert_eq(fab_wire_handle_decode(buf, &h, why, sizeof(why)), 0, "%s", why);
+  cr_assert_neq(fab_wire_handle_encode(buf, FAB_HANDLE_SIZE_V4, 1, 1, addr, FAB_HANDLE_SIZE_V4 - FAB_HANDLE_HEADER + 1),
+                0, "an address too long for a 64-byte handle");
 }
 
 Test(wire, connect_and_accept_messages) {
