@@ -177,9 +177,15 @@ static void os_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entr
   fab_osreq* r = op->owner;
   fab_comm* c = r->comm;
   if (err) {
-    r->result = fab_result_from_fi(err->err);
+    /* a cancel we did not ask for: the provider gave up on the connection
+     * (ofi_rxm when the peer's socket went away) */
+    int lost = err->err == FI_ECANCELED && c->error == FAB_OK && !c->closing;
+    r->result = lost ? FAB_ERR_REMOTE : fab_result_from_fi(err->err);
     snprintf(r->why, sizeof(r->why), "%s of %zu bytes %s %s failed: %s", r->is_read ? "iread" : "iwrite", r->size,
-             r->is_read ? "from" : "to", c->peer_name, fi_strerror(err->err));
+             r->is_read ? "from" : "to", c->peer_name,
+             lost ? "the provider cancelled it: the connection to the peer was lost; the peer process probably "
+                    "exited"
+                  : fi_strerror(err->err));
     if (!c->closing) fab_comm_fail(c, r->result, r->why);
   }
   fab_pwin_op_done(c);

@@ -50,7 +50,7 @@ typedef struct fab_osreq {
   _Atomic int pending; /* the posted operation has not completed */
   fab_result result;
   size_t size;
-  char why[192];
+  char why[320];
   fab_op op;
 } fab_osreq;
 

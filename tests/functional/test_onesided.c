@@ -273,60 +273,78 @@ static void progress_until(ft_side* s, ft_peer* peer, void* rreq, const char* ta
   ft_recv(peer, tag, NULL, 0, T_MS);
 }
 
-/* The child writes into the parent's window while the parent deregisters it:
- * each write completes or fails with a WARN, none hangs, and once the
- * withdrawal has arrived the next one is refused at once. */
+/* Posts one write (is_read 0) or read and waits for it. 1 when it completed,
+ * 0 when it was refused as deregistered (one WARN); anything else fails. */
+static int race_one(ft_side* s, ft_conn* c, ft_mr* local, const win_desc* w, int is_read) {
+  void* req = NULL;
+  fab_result rc = FAB_OK;
+  int64_t until = ft_now_ms() + T_MS;
+  while (rc == FAB_OK && !req && ft_now_ms() < until)
+    rc = is_read ? s->api->iread(c->recv_comm, local->buf, 65536, local->mh, w->addr + GUARD, w->key, &req)
+                 : s->api->iwrite(c->send_comm, local->buf, 65536, local->mh, w->addr + GUARD, w->key, &req);
+  if (rc != FAB_OK) {
+    FT_CHECK(strstr(ft_log_last_warn(), "deregistered") != NULL, "%s failed with %d but not as deregistered: %s",
+             is_read ? "iread" : "iwrite", (int)rc, ft_log_last_warn());
+    return 0;
+  }
+  FT_CHECK(req != NULL, "no request for %d ms", T_MS);
+  int done = 0;
+  rc = ft_test_until(s, req, NULL, T_MS, &done);
+  FT_CHECK(rc == FAB_OK, "an %s racing with deregistration failed at the target (it met the closed registration): %s",
+           is_read ? "iread" : "iwrite", ft_log_last_warn());
+  FT_CHECK(done, "an %s racing with deregistration did not complete in %d ms", is_read ? "iread" : "iwrite", T_MS);
+  return 1;
+}
+
+/* The child writes into one window of the parent's and reads from another
+ * while the parent deregisters both: each operation completes, none meets a
+ * closed registration (the parent waits for the withdrawal's answer), and
+ * once the withdrawal has arrived the next is refused at once. */
 static void dereg_race_body(ft_peer* peer, void* arg) {
   ft_side s;
   ft_conn c;
   FT_CHECK(open_rdma(&s, peer, &c), "rma_supported is 0 on the rdma transport");
-  ft_mr dst, local;
-  win_desc mine, theirs;
-  window(&s, &dst, c.recv_comm, &mine);
+  ft_mr dst, src, local;
+  win_desc mine[2], theirs[2]; /* written into (recv comm), read from (send comm) */
+  window(&s, &dst, c.recv_comm, &mine[0]);
+  window(&s, &src, c.send_comm, &mine[1]);
   ft_mr_alloc(&s, &local, c.send_comm, 65536);
-  ft_xchg(peer, "windows", &mine, &theirs, sizeof mine, T_MS);
+  ft_xchg(peer, "windows", mine, theirs, sizeof mine, T_MS);
   ft_sync(peer, "ready", T_MS);
   int tag = 99;
-  if (ft_role() == 0) { /* parent: deregister while the writes stream in; keep the memory */
+  if (ft_role() == 0) { /* parent: deregister while the operations stream in; keep the memory */
     ft_mr note;
     ft_mr_alloc(&s, &note, c.recv_comm, 64);
     size_t one = 1;
     void* rreq = ft_irecv(&s, c.recv_comm, 1, &note.buf, &one, &tag, &note.mh, T_MS);
-    progress_until(&s, peer, rreq, "writing");
+    progress_until(&s, peer, rreq, "streaming");
     FT_OK(s.api->dereg_mr(c.recv_comm, dst.mh));
+    FT_OK(s.api->dereg_mr(c.send_comm, src.mh));
     progress_until(&s, peer, rreq, "refused");
     ft_wait(&s, rreq, NULL, T_MS, "the closing message");
     ft_free(dst.buf, WIN);
+    ft_free(src.buf, WIN);
     ft_mr_free(&s, &note);
   } else {
-    int ok = 0, failed = 0, refused = 0;
+    int done[2] = {0, 0}, refused[2] = {0, 0};
     int64_t until = ft_now_ms() + T_MS;
-    ft_log_expect_warns(1); /* writes that land after the registration closed fail with a WARN each */
-    while (!refused && ft_now_ms() < until) {
-      void* req = NULL;
-      fab_result rc = s.api->iwrite(c.send_comm, local.buf, 65536, local.mh, theirs.addr + GUARD, theirs.key, &req);
-      if (rc != FAB_OK) {
-        refused = strstr(ft_log_last_warn(), "deregistered") != NULL;
-        FT_CHECK(refused, "iwrite failed with %d but not as deregistered: %s", (int)rc, ft_log_last_warn());
-        break;
+    ft_log_expect_warns(1);
+    while ((!refused[0] || !refused[1]) && ft_now_ms() < until) {
+      for (int k = 0; k < 2; k++) {
+        if (refused[k]) continue;
+        if (race_one(&s, &c, &local, &theirs[k], k)) done[k]++;
+        else refused[k] = 1;
       }
-      if (!req) continue;
-      int done = 0;
-      rc = ft_test_until(&s, req, NULL, T_MS, &done);
-      if (rc != FAB_OK) {
-        failed++;
-        continue;
-      }
-      FT_CHECK(done, "an iwrite racing with deregistration did not complete in %d ms", T_MS);
-      if (ok++ == 0) ft_send(peer, "writing", NULL, 0);
+      if (done[0] + done[1] == 2) ft_send(peer, "streaming", NULL, 0);
     }
     ft_log_expect_warns(0);
-    fprintf(stderr, "[onesided_dereg_race] %d writes completed, %d failed at the target, then refused: %d\n", ok,
-            failed, refused);
-    FT_CHECK(refused, "writes were never refused after the peer deregistered its window");
+    fprintf(stderr, "[onesided_dereg_race] %d writes and %d reads completed, then refused: %d, %d\n", done[0],
+            done[1], refused[0], refused[1]);
+    FT_CHECK(refused[0] && refused[1], "operations were never refused after the peer deregistered its windows");
     ft_send(peer, "refused", NULL, 0);
     void* sreq = ft_isend(&s, c.send_comm, local.buf, 1, tag, local.mh, T_MS);
     ft_wait(&s, sreq, NULL, T_MS, "the closing message");
+    ft_mr_free(&s, &src);
     ft_mr_free(&s, &dst);
   }
   ft_mr_free(&s, &local);

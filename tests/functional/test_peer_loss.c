@@ -28,6 +28,7 @@ enum helper_mode {
   H_RECV_LOOP,   /* connect both ways, then receive BIG messages in a loop until killed */
   H_RECV_EXIT,   /* connect both ways, receive SMALL_N small messages, close everything and exit 0 */
   H_SEND_LOOP,   /* connect both ways, then send BIG messages (tag 13) in a loop until killed */
+  H_WINDOW,      /* connect both ways, offer a BIG window (Neuron), then drive the endpoint until killed */
 };
 
 enum { SMALL = 64, SMALL_N = 3000 };
@@ -81,6 +82,25 @@ static __attribute__((noreturn)) void helper_send_loop(ft_side* s, ft_conn* c, f
   }
 }
 
+/* Registers a BIG window on the recv comm (offered to the pair's parent),
+ * hands over {address, key} and drives the endpoint until killed. */
+static __attribute__((noreturn)) void helper_window(ft_side* s, ft_conn* c, ft_peer* chan) {
+  ft_mr w, note;
+  ft_mr_alloc(s, &w, c->recv_comm, BIG);
+  ft_mr_alloc(s, &note, c->recv_comm, SMALL);
+  uint64_t desc[2] = {(uint64_t)(uintptr_t)w.buf, 0};
+  if (s->api->get_mr_key(w.mh, &desc[1]) != FAB_OK) _exit(FT_EXIT_FAIL);
+  void* d = note.buf;
+  size_t len = SMALL;
+  int tag = 77;
+  void* rq = ft_irecv(s, c->recv_comm, 1, &d, &len, &tag, &note.mh, T_MS); /* never matched: progress only */
+  ft_send(chan, "window", desc, sizeof desc);
+  for (;;) {
+    int done = 0;
+    if (s->api->test(rq, &done, NULL) != FAB_OK) _exit(FT_EXIT_FAIL);
+  }
+}
+
 static __attribute__((noreturn)) void helper_main(int fd, int mode) {
   ft_set_fail_hook(helper_fail);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -103,6 +123,7 @@ static __attribute__((noreturn)) void helper_main(int fd, int mode) {
   ft_connect_all(&s, &c, 1, T_MS);
   if (mode == H_RECV_EXIT) helper_recv_then_exit(&s, &c, &chan);
   if (mode == H_SEND_LOOP) helper_send_loop(&s, &c, &chan);
+  if (mode == H_WINDOW) helper_window(&s, &c, &chan);
   ft_mr rm;
   ft_mr_alloc(&s, &rm, c.recv_comm, BIG);
   void* d = rm.buf;
@@ -514,6 +535,59 @@ Test(functional, sender_killed_mid_message, .init = ft_test_init, .timeout = 150
 static void streaming_case(ft_side* s, helper* h, ft_conn* hc, ft_mr m[2]) { killed_case(s, h, hc, m, H_RECV_LOOP); }
 static void idle_case(ft_side* s, helper* h, ft_conn* hc, ft_mr m[2]) { killed_case(s, h, hc, m, H_IDLE); }
 static void killed_mid_transfer(ft_peer* peer, void* arg) { helper_case(peer, arg, 1700, streaming_case); }
+
+/* Neuron's one-sided calls: the helper that offered the window is killed
+ * while 64 MiB writes stream into it. Each write completes or fails with one
+ * WARN, the connection fails within the peer timeout, nothing hangs, and the
+ * live pair works after. */
+static void onesided_killed_case(ft_side* s, helper* h, ft_conn* hc, ft_mr m[2]) {
+  ft_mr_alloc(s, &m[0], hc->send_comm, BIG);
+  ft_fill(m[0].buf, BIG, 6);
+  uint64_t desc[2];
+  ft_recv(&h->chan, "window", desc, sizeof desc, T_MS);
+  ft_phase("writing into the helper's window");
+  int64_t until = ft_now_ms() + 300, killed = 0;
+  int ok = 0;
+  ft_log_expect_warns(1);
+  fab_result rc = FAB_OK;
+  while (rc == FAB_OK) {
+    if (!killed && ft_now_ms() > until && ok > 0) {
+      ft_phase("killing the helper mid-write");
+      helper_kill(h);
+      killed = ft_now_ms();
+    }
+    void* req = NULL;
+    rc = s->api->iwrite(hc->send_comm, m[0].buf, BIG, m[0].mh, desc[0], desc[1], &req);
+    if (rc != FAB_OK || !req) continue;
+    int done = 0;
+    int w0 = ft_log_warns();
+    rc = ft_test_until(s, req, NULL, 5000 + 10000, &done);
+    FT_CHECK(done || rc != FAB_OK, "an iwrite to a helper killed %lld ms ago neither completed nor failed",
+             killed ? (long long)(ft_now_ms() - killed) : -1LL);
+    if (rc == FAB_OK) ok++;
+    else FT_CHECK(ft_log_warns() - w0 == 1, "a failed iwrite logged %d WARNs", ft_log_warns() - w0);
+    FT_CHECK(!killed || ft_now_ms() - killed < 5000 + 10000, "writes still complete %lld ms after the kill",
+             (long long)(ft_now_ms() - killed));
+  }
+  ft_log_expect_warns(0);
+  fprintf(stderr, "[peer_killed_mid_write %s] %d writes completed, then one failed with %d, %lld ms after the "
+          "kill\n", s->lib.desc, ok, (int)rc, (long long)(ft_now_ms() - killed));
+  FT_CHECK(killed && ok > 0, "the helper was killed after %d completed writes", ok);
+  FT_CHECK(rc == FAB_ERR_REMOTE, "a write to a killed peer failed with %d, not ncclRemoteError (%d): %s", (int)rc,
+           (int)FAB_ERR_REMOTE, ft_log_last_warn());
+}
+
+static void onesided_killed(ft_peer* peer, void* arg) { helper_case(peer, arg, 1750, onesided_killed_case); }
+
+Test(functional, onesided_peer_killed_mid_write, .init = ft_test_init, .timeout = 150) {
+  const char* tp = getenv("FABRIC_TRANSPORT");
+  if (ft_api_selected() < FT_API_NEURON + 5 || !tp || strcmp(tp, "rdma") != 0)
+    cr_skip_test("one-sided calls on a connection: Neuron v5+ tables on the rdma transport");
+  helper h;
+  helper_start(&h, H_WINDOW);
+  ft_run_pair("onesided_peer_killed_mid_write", onesided_killed, &h, 110);
+  helper_end(&h);
+}
 static void killed_idle(ft_peer* peer, void* arg) { helper_case(peer, arg, 1700, idle_case); }
 
 Test(functional, peer_killed_mid_transfer, .init = ft_test_init, .timeout = 150) {
