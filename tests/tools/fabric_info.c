@@ -28,7 +28,7 @@ static const char* gpu_reason(const info_report* r) {
 }
 
 static void text_devices(const info_version* v) {
-  printf("  ncclNetPlugin_v%d:", v->version);
+  printf("  %sncclNetPlugin_v%d:", v->neuron ? "Neuron " : "", v->version);
   if (v->error[0]) {
     printf(" %s\n", v->error);
     return;
@@ -44,6 +44,10 @@ static void text_devices(const info_version* v) {
       printf(", fuses");
       for (int k = 0; k < p->vprops.ndevs; k++) printf(" %d", p->vprops.devs[k]);
     }
+    if (v->neuron && v->version >= 5)
+      printf(", rma_supported %d, max_write_inline_size %zu, max_mr_key_size %zu%s", p->rma_supported,
+             p->max_write_inline_size, p->max_mr_key_size,
+             p->rma_supported ? "" : " (one-sided calls need FABRIC_TRANSPORT=rdma)");
     printf("\n");
   }
 }
@@ -98,7 +102,7 @@ static void json_str(const char* key, const char* s, int comma) {
 }
 
 static void json_devices(const info_version* v) {
-  printf("{\"version\": %d, ", v->version);
+  printf("{\"version\": %d, \"family\": \"%s\", ", v->version, v->neuron ? "neuron" : "net");
   json_str("error", v->error, 1);
   printf("\"devices\": [");
   for (int d = 0; d < v->ndev; d++) {
@@ -110,7 +114,11 @@ static void json_devices(const info_version* v) {
            "\"maxP2pBytes\": %zu, \"vDevices\": [", p->ptr_support, p->speed_mbps, p->max_recvs, p->reg_is_global,
            p->max_comms, p->max_p2p_bytes);
     for (int k = 0; k < p->vprops.ndevs && p->vprops.ndevs > 1; k++) printf("%s%d", k ? ", " : "", p->vprops.devs[k]);
-    printf("]}");
+    printf("]");
+    if (v->neuron && v->version >= 5)
+      printf(", \"rmaSupported\": %d, \"maxWriteInlineSize\": %zu, \"maxMrKeySize\": %zu", p->rma_supported,
+             p->max_write_inline_size, p->max_mr_key_size);
+    printf("}");
   }
   printf("]}");
 }

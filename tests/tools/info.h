@@ -29,6 +29,7 @@ enum {
 
 typedef struct {
   int version;       /* ncclNetPlugin_vN */
+  int neuron;        /* 1: Neuron's table of that name (libnccom-net-fabric.so) */
   int ndev;
   fab_properties props[INFO_MAX_DEVS];
   char names[INFO_MAX_DEVS][128];   /* copies of props[].name */
@@ -71,7 +72,10 @@ int info_selftest(info_report* r, const char* plugin_path, size_t bytes, int tim
 void info_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...);
 void info_log_attach(info_report* r);
 
-/* The newest ncclNetPlugin_vN the library exports, bound into *api; 0 or -1. */
+/* The newest ncclNetPlugin_vN the library exports, bound into *api; 0 or -1.
+ * A library named libnccom* is the Neuron one: its tables are Neuron's. */
 int info_bind_newest(void* dl, fab_api* api, char* symbol, size_t len);
+/* 1 when the library dl is the Neuron one (its file name starts libnccom). */
+int info_is_neuron(void* dl);
 
 #endif

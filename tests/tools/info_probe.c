@@ -62,12 +62,24 @@ static void probe_env(info_report* r) {
   }
 }
 
+int info_is_neuron(void* dl) {
+  struct link_map* map = NULL;
+  if (dlinfo(dl, RTLD_DI_LINKMAP, &map) != 0 || !map || !map->l_name) return 0;
+  const char* base = strrchr(map->l_name, '/');
+  return strncmp(base ? base + 1 : map->l_name, "libnccom", 8) == 0;
+}
+
+/* The family of ncclNetPlugin_vN tables the library dl holds: NCCL's, or
+ * Neuron's (the same names, other layouts). */
+static const char* net_family(void* dl) { return info_is_neuron(dl) ? "neuron" : "net"; }
+
 int info_bind_newest(void* dl, fab_api* api, char* symbol, size_t len) {
   const struct fab_driver_info* best = NULL;
   void* table = NULL;
+  const char* family = net_family(dl);
   for (int i = 0; i < fab_driver_count; i++) { /* the newest net table both the library and the drivers know */
     const struct fab_driver_info* d = &fab_drivers[i];
-    void* t = strcmp(d->family, "net") == 0 && (!best || d->version > best->version) ? dlsym(dl, d->symbol) : NULL;
+    void* t = strcmp(d->family, family) == 0 && (!best || d->version > best->version) ? dlsym(dl, d->symbol) : NULL;
     if (t) best = d, table = t;
   }
   if (!best) return -1;
@@ -82,7 +94,8 @@ static void probe_version(info_version* iv, const struct fab_driver_info* d, voi
   fab_api api;
   memset(&api, 0, sizeof api);
   iv->version = d->version;
-  if (fab_driver_bind(d->symbol, table, &api) != 0) {
+  iv->neuron = strcmp(d->family, "neuron") == 0;
+  if (fab_driver_bind_in(d->family, d->symbol, table, &api) != 0) {
     snprintf(iv->error, INFO_LINE, "no driver for %s", d->symbol);
     return;
   }
@@ -111,14 +124,15 @@ static void probe_version(info_version* iv, const struct fab_driver_info* d, voi
 static void probe_plugin(info_report* r, void* dl) {
   struct link_map* map = NULL;
   if (dlinfo(dl, RTLD_DI_LINKMAP, &map) == 0 && map) snprintf(r->plugin_file, INFO_LINE, "%s", map->l_name);
+  /* Neuron's library reuses NCCL's names for tables of its own: the file
+   * says which library this is, and only its families are looked up. */
+  const char* library = info_is_neuron(dl) ? "nccom-net-fabric" : "nccl-net-fabric";
   for (int i = 0; i < fab_driver_count && r->ntables < INFO_MAX_TABLES; i++) {
     const struct fab_driver_info* d = &fab_drivers[i];
-    /* NCCL's library: Neuron's tables (libnccom-net-fabric.so) reuse its
-     * symbol names and are not probed here */
-    void* table = strcmp(d->library, "nccl-net-fabric") == 0 ? dlsym(dl, d->symbol) : NULL;
+    void* table = strcmp(d->library, library) == 0 ? dlsym(dl, d->symbol) : NULL;
     if (!table) continue;
     snprintf(r->tables[r->ntables++], sizeof r->tables[0], "%s", d->symbol);
-    if (strcmp(d->family, "net") == 0 && r->nversions < INFO_MAX_VERSIONS)
+    if (strcmp(d->api, "fab_api") == 0 && r->nversions < INFO_MAX_VERSIONS)
       probe_version(&r->versions[r->nversions++], d, table);
   }
 }
