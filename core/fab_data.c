@@ -4,6 +4,7 @@
  * then hand over to the comm's transport.
  */
 #include <stdint.h>
+#include <string.h>
 
 #include "fab_prof.h"
 #include "fab_mr.h"
@@ -176,11 +177,14 @@ fab_result fab_iflush(void* recv_comm, int n, void** data, const int* sizes, voi
 fab_result fab_test(void* request, int* done, int* sizes) {
   if (FAB_UNLIKELY(!done)) return fab_bad_argument("test", "done", 0, "a non-NULL pointer");
   *done = 0;
-  fab_req* r = request;
-  if (FAB_UNLIKELY((uintptr_t)r >= 4096 && !((uintptr_t)r & 7) && r->magic == FAB_OSREQ_MAGIC))
+  /* Both kinds of request start with their magic; read it before taking the
+   * pointer as either type (they differ in alignment). */
+  uint32_t magic = 0;
+  if (FAB_LIKELY((uintptr_t)request >= 4096 && !((uintptr_t)request & 7))) memcpy(&magic, request, sizeof(magic));
+  if (FAB_UNLIKELY(magic == FAB_OSREQ_MAGIC))
     return fab_osreq_test(request, done, sizes); /* iwrite / iread (fab_p2p_rma.c, fab_pwin.c) */
-  if (FAB_UNLIKELY((uintptr_t)r < 4096 || ((uintptr_t)r & 7) || r->magic != FAB_REQ_MAGIC ||
-                   r->state != FAB_REQ_ACTIVE)) {
+  fab_req* r = request;
+  if (FAB_UNLIKELY(magic != FAB_REQ_MAGIC || r->state != FAB_REQ_ACTIVE)) {
     FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);
     return FAB_ERR_INTERNAL;
   }
