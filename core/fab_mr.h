@@ -41,6 +41,11 @@ typedef struct fab_mr {
   fab_device* dev; /* physical device whose domain holds entry */
   void* handle;
   fab_list node; /* in the cache's handle list */
+  /* offered to a connection's peer (Neuron's one-sided calls,
+   * core/fab_p2p_rma.c): the comm's handle and the offer's id there; NULL
+   * when not offered */
+  void* offered_on;
+  uint64_t offer_id;
 } fab_mr;
 
 /* The registration backend, replaceable so unit tests can count calls. */

@@ -79,13 +79,11 @@ static fab_result offer(void* comm, void* mhandle, const char* fn) {
   fab_endpoint* ep = c->ep;
   pthread_mutex_lock(&ep->lock);
   fab_pwin* p = fab_pwin_get(c);
-  fab_result rc = FAB_ERR_SYSTEM;
-  if (p && fab_pwin_mine_add(p, mhandle, p->next_id) == 0) {
-    rc = offer_send(c, FAB_WINDOW_ADD, p->next_id, m, 0, fn);
-    if (rc == FAB_OK) p->next_id++;
-    else fab_pwin_mine_take(p, mhandle, &(uint64_t){0});
-  } else {
-    FAB_WARN("%s: out of memory offering a window to %s", fn, c->peer_name);
+  fab_result rc = p ? offer_send(c, FAB_WINDOW_ADD, p->next_id, m, 0, fn) : FAB_ERR_SYSTEM;
+  if (!p) FAB_WARN("%s: out of memory offering a window to %s", fn, c->peer_name);
+  if (rc == FAB_OK) { /* the registration remembers where it was offered: deregMr may name any comm */
+    m->offered_on = c->handle;
+    m->offer_id = p->next_id++;
   }
   pthread_mutex_unlock(&ep->lock);
   return rc;
@@ -141,15 +139,17 @@ static void withdraw(fab_comm* c, fab_pwin* p, uint64_t id) {
 }
 
 fab_result fab_dereg_mr_offered(void* comm, void* mhandle) {
-  fab_obj_kind k = fab_obj_kind_of(comm);
-  fab_comm* c = k == FAB_OBJ_SEND || k == FAB_OBJ_RECV ? fab_obj_get(comm, k) : NULL;
+  fab_mr* m = fab_obj_get(mhandle, FAB_OBJ_MR);
+  void* on = m ? m->offered_on : NULL;
+  fab_obj_kind k = fab_obj_kind_of(on);
+  fab_comm* c = on && (k == FAB_OBJ_SEND || k == FAB_OBJ_RECV) ? fab_obj_get(on, k) : NULL;
   if (c) { /* a closed comm's peer has nothing to withdraw */
     pthread_mutex_lock(&c->ep->lock);
-    uint64_t id;
-    if (fab_pwin_mine_take(c->pwin, mhandle, &id) && c->error == FAB_OK) withdraw(c, c->pwin, id);
+    m->offered_on = NULL;
+    if (c->error == FAB_OK) withdraw(c, c->pwin, m->offer_id);
     pthread_mutex_unlock(&c->ep->lock);
   }
-  return fab_dereg_mr(comm, mhandle);
+  return fab_dereg_mr(comm, mhandle); /* WARNs for a bad handle */
 }
 
 fab_result fab_get_mr_key(void* mhandle, uint64_t* mr_key) {

@@ -19,7 +19,6 @@ fab_pwin* fab_pwin_get(fab_comm* c) {
 void fab_pwin_free(fab_pwin* p) {
   if (!p) return;
   free(p->peer);
-  free(p->mine);
   free(p);
 }
 
@@ -104,22 +103,6 @@ const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va
   for (uint32_t i = 0; *why == FAB_KEY_UNKNOWN && i < n; i++)
     if (p->gone[i] == key) *why = FAB_KEY_WITHDRAWN;
   return NULL;
-}
-
-int fab_pwin_mine_add(fab_pwin* p, void* mhandle, uint64_t id) {
-  if (grow((void**)&p->mine, &p->cap_mine, p->nmine, sizeof(*p->mine)) != 0) return -1;
-  p->mine[p->nmine++] = (fab_pwin_mine){.mhandle = mhandle, .id = id};
-  return 0;
-}
-
-int fab_pwin_mine_take(fab_pwin* p, void* mhandle, uint64_t* id) {
-  for (size_t i = 0; p && i < p->nmine; i++) {
-    if (p->mine[i].mhandle != mhandle) continue;
-    *id = p->mine[i].id;
-    p->mine[i] = p->mine[--p->nmine];
-    return 1;
-  }
-  return 0;
 }
 
 fab_result fab_osreq_test(fab_osreq* r, int* done, int* sizes) {

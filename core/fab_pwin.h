@@ -33,12 +33,6 @@ typedef struct fab_pwin_entry {
   fab_window win; /* as the peer's provider addresses it */
 } fab_pwin_entry;
 
-/* A window we offered the peer (to withdraw it by handle). */
-typedef struct fab_pwin_mine {
-  void* mhandle;
-  uint64_t id;
-} fab_pwin_mine;
-
 #define FAB_OSREQ_MAGIC 0x5153524fu /* "ORSQ" */
 enum { FAB_OSREQ_FREE = 0, FAB_OSREQ_ACTIVE = 1 };
 
@@ -57,8 +51,6 @@ typedef struct fab_osreq {
 typedef struct fab_pwin {
   fab_pwin_entry* peer; /* sorted by nothing; few per connection (ep lock) */
   size_t npeer, cap_peer;
-  fab_pwin_mine* mine;  /* (the comm's owner thread) */
-  size_t nmine, cap_mine;
   uint64_t gone[FAB_PWIN_GONE]; /* keys of windows the peer withdrew, the newest last (ep lock) */
   uint32_t ngone;
   uint64_t next_id;     /* our offers' ids */
@@ -89,11 +81,6 @@ int fab_pwin_send(fab_comm* c, uint16_t op, uint64_t id, uint64_t va, uint64_t a
 /* The peer window with key that holds [va, va + len), or NULL with *why
  * (FAB_KEY_*) saying what is known of the key. ep lock held. */
 const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va, uint64_t len, int* why);
-
-/* Our offers: remembered at registration, taken back at deregistration (0:
- * not found). */
-int fab_pwin_mine_add(fab_pwin* p, void* mhandle, uint64_t id);
-int fab_pwin_mine_take(fab_pwin* p, void* mhandle, uint64_t* id);
 
 /* The API's test for a one-sided request (fab_test finds it by its magic). */
 fab_result fab_osreq_test(fab_osreq* r, int* done, int* sizes);
