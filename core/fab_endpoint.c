@@ -96,6 +96,7 @@ static int name_endpoint(fab_endpoint* ep) {
 
 fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_endpoint** out) {
   fab_endpoint* ep = calloc(1, sizeof(*ep));
+  if (ep) ep->silent_peer = FI_ADDR_NOTAVAIL;
   if (!ep) {
     FAB_WARN("out of memory creating an endpoint on %s", dev->name);
     return FAB_ERR_SYSTEM;

@@ -183,6 +183,8 @@ struct fab_endpoint {
   size_t addr_len;
   int cq_batch;
   _Atomic fab_result failed; /* sticky after the CQ itself failed; read without the lock */
+  fi_addr_t silent_peer;      /* a peer that left a window's withdrawal unanswered (fab_pwin.h): its next
+                               * withdrawals are not waited for until it answers one (ep lock) */
   _Atomic int nclosing;       /* closed comms parked until their data operations complete,
                                * and own endpoints retiring (privates) */
   _Atomic uint32_t sweep_tick;  /* data polls since the last sweep (relaxed, approximate) */

@@ -122,10 +122,14 @@ fab_result fab_reg_mr_dmabuf_offered(void* comm, void* data, size_t size, int ty
  * into a closed registration breaks the connection). A peer that does not
  * answer within FAB_CLOSE_DRAIN_MS (it is not progressing, or gone) is not
  * waited for longer: NCCL's deregistration of announced receives does the
- * same. ep lock held, let go between polls. */
+ * same. Nor are its next withdrawals, on any comm of the endpoint, until it
+ * answers one again: a runtime deregistering many windows while its peer
+ * waits elsewhere (a barrier) would otherwise stall that long for each. ep
+ * lock held, let go between polls. */
 static void withdraw(fab_comm* c, fab_pwin* p, uint64_t id) {
   uint64_t seq = ++p->withdrawals;
   if (offer_send(c, FAB_WINDOW_REMOVE, id, NULL, seq, "deregMr") != FAB_OK) return;
+  if (c->ep->silent_peer == c->peer) return;
   int64_t until = fab_now_ms() + FAB_CLOSE_DRAIN_MS;
   while (p->withdrawals_acked < seq && c->error == FAB_OK && fab_now_ms() < until) {
     if (fab_ep_progress_locked(c->ep) != FAB_OK) break;
@@ -133,9 +137,11 @@ static void withdraw(fab_comm* c, fab_pwin* p, uint64_t id) {
     sched_yield();
     pthread_mutex_lock(&c->ep->lock);
   }
-  if (p->withdrawals_acked < seq && c->error == FAB_OK)
-    FAB_INFO(FAB_SUBSYS_NET, "deregMr: %s did not confirm the window's withdrawal within %d ms; deregistering anyway",
-             c->peer_name, FAB_CLOSE_DRAIN_MS);
+  if (p->withdrawals_acked < seq && c->error == FAB_OK) {
+    FAB_INFO(FAB_SUBSYS_NET, "deregMr: %s did not confirm the window's withdrawal within %d ms; deregistering anyway, "
+             "and not waiting for its next ones until it answers", c->peer_name, FAB_CLOSE_DRAIN_MS);
+    c->ep->silent_peer = c->peer;
+  }
 }
 
 fab_result fab_dereg_mr_offered(void* comm, void* mhandle) {

@@ -76,6 +76,7 @@ void fab_pwin_apply(fab_comm* c, const fab_wire_window* m) {
   }
   if (m->op == FAB_WINDOW_ACK) {
     if (m->va > p->withdrawals_acked) p->withdrawals_acked = m->va;
+    if (c->ep->silent_peer == c->peer) c->ep->silent_peer = FI_ADDR_NOTAVAIL; /* it answers again */
     return;
   }
   if (grow((void**)&p->peer, &p->cap_peer, p->npeer, sizeof(*p->peer)) != 0) {
