@@ -15,9 +15,13 @@ fab_result fab_rma_init(fab_ctx** ctx, uint64_t comm_id, fab_logger_fn logger) {
   if (rc != FAB_OK) return rc;
   fab_device* d = fab_g.devs[0];
   if (d->ops != &fab_rdma_ops) {
-    FAB_WARN("RMA init: device %s runs the %s transport, and one-sided operations need the rdma transport: NCCL's "
-             "RMA API will not use this plugin. Set FABRIC_TRANSPORT=rdma where the provider offers FI_RMA",
-             d->name, d->ops->name);
+    /* NCCL 2.30+ calls this at every communicator's creation, whether the
+     * application uses NCCL's RMA API or not: a refusal here is an answer,
+     * not a fault (a WARN in every user's log on shm, where auto picks
+     * sendrecv, was seen on two H200s). */
+    FAB_INFO(FAB_SUBSYS_INIT, "RMA init: device %s runs the %s transport, and one-sided operations need the rdma "
+             "transport: NCCL's RMA API will not use this plugin. Set FABRIC_TRANSPORT=rdma where the provider offers "
+             "FI_RMA", d->name, d->ops->name);
     fab_finalize(*ctx);
     *ctx = NULL;
     return FAB_ERR_INVALID_USAGE;

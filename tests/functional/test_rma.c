@@ -503,6 +503,16 @@ static void body(rr_ctx* c) {
            rr_last_warn());
 }
 
+/* A device on the sendrecv transport (auto's choice on shm): the RMA init
+ * NCCL makes at every communicator's creation is refused, so NCCL keeps its
+ * RMA API to itself, and says so at INFO, not as a WARN in every log. */
+static void init_refused(rr_ctx* c) {
+  fab_ctx* ctx = (fab_ctx*)(uintptr_t)0x1;
+  fab_result rc = c->api.init(&ctx, 0x77, rr_logger);
+  RR_CHECK(rc != FAB_OK && ctx == NULL, "RMA init on a sendrecv device: result %d, context %p", (int)rc, (void*)ctx);
+  RR_CHECK(rr_warns() == 0, "RMA init on a sendrecv device logged a WARN: %s", rr_last_warn());
+}
+
 int main(int argc, char** argv) {
   int nranks = 2;
   void (*run)(rr_ctx*) = body;
@@ -511,8 +521,9 @@ int main(int argc, char** argv) {
     else if (strcmp(argv[i], "--max-size") == 0) max_size = strtoull(argv[i + 1], NULL, 0);
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "peer_killed") == 0) run = peer_killed;
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "threads") == 0) run = threads;
+    else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "init_refused") == 0) run = init_refused;
     else {
-      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed|threads]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed|threads|init_refused]\n", argv[0]);
       return 2;
     }
   }
