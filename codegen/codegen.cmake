@@ -84,7 +84,6 @@ function(fabric_add_net_plugin target)
   set(symbols "")
   set(library "")
   set(chosen "")
-  set(all "")
   # Each family: the versions asked for must be described; their shims are
   # linked and their tables exported. The families of one library must all
   # belong to it (the specs say which library exports a family).
@@ -98,7 +97,6 @@ function(fabric_add_net_plugin target)
       endif()
       set(library ${FABRIC_GEN_${fam}_LIBRARY})
       list(APPEND chosen ${fam} ${wanted})
-      list(APPEND all ${fam} ${FABRIC_GEN_${fam}_VERSIONS})
     endif()
     foreach(v IN LISTS wanted)
       if(NOT v IN_LIST FABRIC_GEN_${fam}_VERSIONS)
