@@ -90,6 +90,11 @@ static void release_closed(fab_comm* c) {
   fab_comm_free(c);
 }
 
+fab_result fab_comm_failed(fab_comm* c, const char* fn) {
+  FAB_WARN("%s: the connection to %s has failed: %s; close it", fn, c->peer_name, c->error_why);
+  return c->error;
+}
+
 void fab_comm_op_done(fab_comm* c) {
   fab_comm_count_completion(c);
   if (atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel) == 1 && c->closing && !fab_comm_busy(c))

@@ -119,6 +119,8 @@ void fab_comm_free(fab_comm* c);
  * completed (pending > 0; a grouped receive's unposted part is abandoned when
  * the comm closes). Scans the comm's used requests: for close time only. */
 int fab_comm_busy(fab_comm* c);
+/* A call fn on a failed connection: one WARN saying why, and its result. */
+fab_result fab_comm_failed(fab_comm* c, const char* fn);
 /* Accounting of one completed control operation (the accept answer) of
  * comm c; frees a closed comm with its last completion. ep lock held. */
 void fab_comm_op_done(fab_comm* c);

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fab_conn.h"
 #include "fab_prof.h"
 #include "fab_mr.h"
 #include "fab_pwin.h"
@@ -32,17 +33,12 @@ static inline fab_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char
   return comm_warn(handle, kind, fn);
 }
 
-static fab_result comm_failed(fab_comm* c, const char* fn) {
-  FAB_WARN("%s: the connection to %s has failed: %s; close it", fn, c->peer_name, c->error_why);
-  return c->error;
-}
-
 /* The transport cannot take the operation now (NULL request: NCCL retries).
  * A retry is a poll without progress for the liveness check, so a runtime
  * retrying against a dead peer gets the comm's failure, not NULL for ever. */
 static __attribute__((noinline)) fab_result not_now(fab_comm* c, const char* fn) {
   fab_comm_stalled(c);
-  return c->error != FAB_OK ? comm_failed(c, fn) : FAB_OK;
+  return c->error != FAB_OK ? fab_comm_failed(c, fn) : FAB_OK;
 }
 
 /* A range no registration can cover: the address space ends before it does. */
@@ -122,7 +118,7 @@ fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mh
   }
   if (FAB_UNLIKELY(!data && size)) return fab_bad_argument("isend", "data", 0, "a buffer for a non-empty send");
   if (FAB_UNLIKELY(!mhandle && size)) return null_mhandle("isend", "mhandle", size);
-  if (FAB_UNLIKELY(c->error != FAB_OK)) return comm_failed(c, "isend");
+  if (FAB_UNLIKELY(c->error != FAB_OK)) return fab_comm_failed(c, "isend");
   fab_mr* mr;
   fab_result rc = fab_mr_resolve(c, mhandle, data, size, "isend", &mr);
   if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
@@ -140,7 +136,7 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
   if (FAB_UNLIKELY(!c)) return FAB_ERR_INTERNAL;
   if (FAB_UNLIKELY(n < 1 || n > FAB_MAX_RECVS)) return fab_bad_argument("irecv", "n", n, "1..8 (maxRecvs)");
   if (FAB_UNLIKELY(!data || !sizes || !tags)) return fab_bad_argument("irecv", "data/sizes/tags", 0, "arrays of n");
-  if (FAB_UNLIKELY(c->error != FAB_OK)) return comm_failed(c, "irecv");
+  if (FAB_UNLIKELY(c->error != FAB_OK)) return fab_comm_failed(c, "irecv");
   fab_mr* mrs[FAB_MAX_RECVS];
   for (int i = 0; i < n; i++) {
     if (FAB_UNLIKELY(sizes[i] > c->max_bytes)) {

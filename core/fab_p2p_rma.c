@@ -304,10 +304,7 @@ static fab_result os_start(fab_comm* c, int kind, void* local, size_t size, void
 
 /* What every one-sided call checks before it looks for a window. */
 static fab_result os_prologue(fab_comm* c, size_t size, const char* fn) {
-  if (c->error != FAB_OK) {
-    FAB_WARN("%s: the connection to %s has failed: %s; close it", fn, c->peer_name, c->error_why);
-    return c->error;
-  }
+  if (c->error != FAB_OK) return fab_comm_failed(c, fn);
   if (!rma_capable(c->ep->dev)) return not_capable(c, fn);
   size_t max = c->ep->dev->info->ep_attr->max_msg_size;
   if (size > max) {
