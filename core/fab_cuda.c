@@ -11,6 +11,7 @@
 typedef int fab_CUresult;
 typedef unsigned long long fab_CUdeviceptr;
 enum {
+  FAB_CU_POINTER_ATTRIBUTE_CONTEXT = 1,
   FAB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
   FAB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
   FAB_CU_MEMORYTYPE_DEVICE = 2,
@@ -20,6 +21,7 @@ enum {
 
 #ifdef FAB_HAVE_CUDA_H
 #include <cuda.h>
+_Static_assert((int)CU_POINTER_ATTRIBUTE_CONTEXT == (int)FAB_CU_POINTER_ATTRIBUTE_CONTEXT, "cuda.h value");
 _Static_assert((int)CU_POINTER_ATTRIBUTE_MEMORY_TYPE == (int)FAB_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, "cuda.h value");
 _Static_assert((int)CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL == (int)FAB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                "cuda.h value");
@@ -36,6 +38,10 @@ static struct {
   fab_CUresult (*device_count)(int*);
   fab_CUresult (*pointer_attr)(void*, int, fab_CUdeviceptr);
   fab_CUresult (*flush)(int, int);
+  /* for copies into GPU memory (optional: without them such a copy fails) */
+  fab_CUresult (*ctx_push)(void*);
+  fab_CUresult (*ctx_pop)(void**);
+  fab_CUresult (*copy_htod)(fab_CUdeviceptr, const void*, size_t);
 } g_cu;
 
 static void* sym(const char* name) { return g_cu.lib ? dlsym(g_cu.lib, name) : NULL; }
@@ -51,6 +57,9 @@ int fab_cuda_init(void) {
   g_cu.device_count = (fab_CUresult(*)(int*))sym("cuDeviceGetCount");
   g_cu.pointer_attr = (fab_CUresult(*)(void*, int, fab_CUdeviceptr))sym("cuPointerGetAttribute");
   g_cu.flush = (fab_CUresult(*)(int, int))sym("cuFlushGPUDirectRDMAWrites");
+  g_cu.ctx_push = (fab_CUresult(*)(void*))sym("cuCtxPushCurrent_v2");
+  g_cu.ctx_pop = (fab_CUresult(*)(void**))sym("cuCtxPopCurrent_v2");
+  g_cu.copy_htod = (fab_CUresult(*)(fab_CUdeviceptr, const void*, size_t))sym("cuMemcpyHtoD_v2");
   if (!g_cu.init || !g_cu.device_count || !g_cu.pointer_attr || !g_cu.flush) {
     FAB_INFO(FAB_SUBSYS_INIT, "CUDA driver lacks cuInit/cuDeviceGetCount/cuPointerGetAttribute/"
                               "cuFlushGPUDirectRDMAWrites: host memory only");
@@ -76,6 +85,9 @@ void fab_cuda_fini(void) {
   g_cu.device_count = NULL;
   g_cu.pointer_attr = NULL;
   g_cu.flush = NULL;
+  g_cu.ctx_push = NULL;
+  g_cu.ctx_pop = NULL;
+  g_cu.copy_htod = NULL;
 }
 
 int fab_cuda_ptr_device(const void* ptr) {
@@ -94,4 +106,19 @@ int fab_cuda_flush(const char** what) {
   *what = "cuFlushGPUDirectRDMAWrites";
   if (!g_cu.usable) return -1;
   return g_cu.flush(FAB_CU_FLUSH_TARGET_CURRENT_CTX, FAB_CU_FLUSH_TO_OWNER);
+}
+
+int fab_cuda_copy_to_device(void* dst, const void* src, size_t n, const char** what) {
+  *what = "cuPointerGetAttribute(CONTEXT)";
+  if (!g_cu.usable || !g_cu.ctx_push || !g_cu.ctx_pop || !g_cu.copy_htod) return -1;
+  void* ctx = NULL;
+  fab_CUresult rc = g_cu.pointer_attr(&ctx, FAB_CU_POINTER_ATTRIBUTE_CONTEXT, (fab_CUdeviceptr)(uintptr_t)dst);
+  if (rc != 0 || !ctx) return rc ? rc : -1;
+  *what = "cuCtxPushCurrent";
+  if ((rc = g_cu.ctx_push(ctx)) != 0) return rc;
+  *what = "cuMemcpyHtoD";
+  rc = g_cu.copy_htod((fab_CUdeviceptr)(uintptr_t)dst, src, n);
+  void* popped;
+  g_cu.ctx_pop(&popped);
+  return rc;
 }

@@ -5,6 +5,8 @@
 #ifndef FAB_CUDA_H
 #define FAB_CUDA_H
 
+#include <stddef.h>
+
 /* Loads the driver, cuInit(0), counts devices. Returns 1 when CUDA is usable
  * (at least one device and cuFlushGPUDirectRDMAWrites), else 0. Never WARNs:
  * a host without GPUs is normal; the reason goes to INFO. */
@@ -15,5 +17,10 @@ int fab_cuda_ptr_device(const void* ptr);
 /* Makes prior GPUDirect RDMA writes visible to the GPU (the iflush). Returns
  * 0 or the CUresult; *what names the failing call. */
 int fab_cuda_flush(const char** what);
+
+/* Copies n host bytes into GPU memory at dst, in dst's own context (any
+ * thread may call it). Returns 0, or the CUresult (-1: the driver lacks the
+ * calls); *what names the failing call. */
+int fab_cuda_copy_to_device(void* dst, const void* src, size_t n, const char** what);
 
 #endif /* FAB_CUDA_H */

@@ -6,7 +6,8 @@
  * falls onto an intra-node provider just because it is the only one with
  * HMEM). When the CUDA driver is usable, that same provider is asked again
  * with FI_HMEM, FI_MR_HMEM and FI_REMOTE_COMM; its HMEM entries are used when
- * it has them. FI_REMOTE_COMM keeps GPU memory off intra-host providers: NCCL
+ * it has them (FABRIC_GPU_MEMORY: 1 drops FI_REMOTE_COMM, for tests on one
+ * host; 0 asks for no HMEM). FI_REMOTE_COMM keeps GPU memory off intra-host providers: NCCL
  * carries intra-host GPU traffic itself, so they gain nothing, and libfabric
  * 1.17's shm HMEM path lets one large send whose receive is not posted yet
  * stall every other send of the endpoint (two channels of a NCCL broadcast
@@ -113,6 +114,12 @@ static void fill_pci_path(fab_device* d, const struct fi_info* fi) {
            p->function_id);
   d->pci_path = realpath(path, NULL);
 }
+
+#ifdef FI_MR_DMABUF
+#define DMABUF_OR_NOT ", dma-buf"
+#else
+#define DMABUF_OR_NOT ", no dma-buf in this build's libfabric"
+#endif
 
 static void fill_properties(fab_device* d, const struct fi_info* fi) {
   fab_properties* p = &d->props;
@@ -261,6 +268,25 @@ static const fab_transport_ops* choose_transport(const fab_transport_ops* const*
   return NULL;
 }
 
+/* What to ask the provider for GPU memory: FI_HMEM, and FI_REMOTE_COMM
+ * unless FABRIC_GPU_MEMORY=1 lets intra-host providers have it; 0: none. */
+static uint64_t gpu_memory_caps(void) {
+  if (!fab_g.cuda_ok || fab_g.params.gpu_memory == 0) return 0;
+  return fab_g.params.gpu_memory == 1 ? FI_HMEM : FI_HMEM | FI_REMOTE_COMM;
+}
+
+/* One INFO line that says whether NCCL may hand us GPU memory, and why
+ * (fabric-info shows it). */
+static void log_gpu_memory(const char* prov, uint64_t caps, int granted) {
+  const char* why = granted                     ? "provider grants FI_HMEM"
+                    : !fab_g.cuda_ok            ? "the CUDA driver is not usable"
+                    : !caps                     ? "FABRIC_GPU_MEMORY=0"
+                    : (caps & FI_REMOTE_COMM)   ? "provider lacks FI_HMEM on endpoints that reach other hosts "
+                                                  "(intra-host providers such as shm need FABRIC_GPU_MEMORY=1)"
+                                                : "provider lacks FI_HMEM";
+  FAB_INFO(FAB_SUBSYS_INIT, "GPU memory (CUDA%s): %s on %s: %s", DMABUF_OR_NOT, granted ? "yes" : "no", prov, why);
+}
+
 fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncands) {
   char prov[128];
   if (ncands < 1) return FAB_ERR_INVALID_USAGE; /* fab_transport_candidates WARNed */
@@ -273,7 +299,9 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
   }
   int rc;
   struct fi_info* all = query(prov, t, 0, &rc);
-  struct fi_info* hmem = fab_g.cuda_ok ? query(prov, t, FI_HMEM | FI_REMOTE_COMM, &rc) : NULL;
+  uint64_t hmem_caps = gpu_memory_caps();
+  struct fi_info* hmem = hmem_caps ? query(prov, t, hmem_caps, &rc) : NULL;
+  log_gpu_memory(prov, hmem_caps, hmem != NULL);
   /* A provider that cannot reach other hosts (shm) completes sends to one
    * peer in order, so one comm's unmatched large send would hold up every
    * other comm's sends to that peer on a shared endpoint: a further send
@@ -285,7 +313,7 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
    * (core/fab_coll.h). Not on intra-host providers: shm gives up its direct
    * copy for RMA when ordering is asked. */
   struct fi_info* ordered = (t->needs.caps & FI_RMA) && remote
-                                ? query_ordered(prov, t, hmem ? FI_HMEM | FI_REMOTE_COMM : 0, FI_ORDER_WAW, &rc)
+                                ? query_ordered(prov, t, hmem ? hmem_caps : 0, FI_ORDER_WAW, &rc)
                                 : NULL;
   struct fi_info* list = ordered ? ordered : hmem ? hmem : all;
   for (const struct fi_info* fi = list; fi; fi = fi->next) {

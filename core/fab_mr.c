@@ -77,7 +77,10 @@ static int insert(fab_mr_cache* c, fab_mr_entry* e) {
 
 fab_mr_entry* fab_mr_cache_acquire(fab_mr_cache* c, uintptr_t addr, size_t len, int type, int cuda_dev,
                                    fab_mr_reg_fn reg, void* arg, int* err) {
-  size_t ps = page_size();
+  /* Host memory is registered by whole pages (a sub-range of a registered
+   * buffer then hits); GPU memory exactly as given: host pages past the end
+   * of a CUDA allocation may belong to no allocation, or to another one. */
+  size_t ps = type == FAB_PTR_CUDA ? 1 : page_size();
   uintptr_t start = addr & ~(uintptr_t)(ps - 1);
   uintptr_t end = (addr + (len ? len : 1) + ps - 1) & ~(uintptr_t)(ps - 1);
   *err = 0;

@@ -21,6 +21,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->local_send_endpoints = 16;
   snprintf(params->transport, sizeof params->transport, "%s", "auto");
   params->delivery_complete = -1;
+  params->gpu_memory = -1;
   params->eager_max = 0u;
 }
 
@@ -173,6 +174,19 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->delivery_complete = (int)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_GPU_MEMORY")) != NULL) {
+    long long v;
+    if (parse_int(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_GPU_MEMORY=%s is not an integer; using -1", s);
+      bad++;
+    } else if (v < -1 || v > 1) {
+      complain(errbuf, errbuf_size, "FABRIC_GPU_MEMORY=%s is outside %d..%d; using -1", s, -1, 1);
+      bad++;
+    } else {
+      params->gpu_memory = (int)v;
     }
   }
 

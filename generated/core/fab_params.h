@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 9
+#define FAB_PARAM_COUNT 10
 
 typedef struct fab_params fab_params;
 
@@ -35,6 +35,8 @@ struct fab_params {
   char transport[FAB_PARAM_STRING_MAX];
   /* FABRIC_DELIVERY_COMPLETE: Whether a write completes only once the peer holds its data (FI_DELIVERY_COMPLETE). -1 (the default): on providers whose writes otherwise complete when they enter a kernel socket (tcp, sockets), where closing right after could drop them and hang the peer's receive; 1: always (the provider must support it); 0: never (local completion; a sender must not close while its peer may still be receiving). */
   int delivery_complete;
+  /* FABRIC_GPU_MEMORY: Whether NCCL may hand the plugin GPU memory (ptrSupport CUDA, and DMABUF where libfabric has it), when the CUDA driver loads and the provider offers FI_HMEM. -1 (the default): on providers that reach other hosts (FI_REMOTE_COMM) only; NCCL moves GPU data between processes of one host itself, and libfabric 1.17's shm HMEM path stalled NCCL (docs/known-bugs.md). 1: also on intra-host providers (shm), for testing GPU memory through the plugin on one host; 0: host memory only. */
+  int gpu_memory;
   /* FABRIC_EAGER_MAX: rdma transport: the largest message a sender writes at once into its receiver's ring of 16 eager slots, without waiting for the receive's announcement (the receive copies it out). Costs 16 x (this + 32) bytes per recv comm and per send comm. 0 (the default): no eager path, every message waits for its buffer's announcement. Eager saves the wait for an announcement when receives are posted late; where they are posted ahead (NCCL, netbench) it only adds messages (credits, acknowledgements): 8-byte message rate 0.75x on shm and 0.95x on tcp;ofi_rxm of the eager-off rate (docs/performance.md §2.5). */
   size_t eager_max;
 };

@@ -20,8 +20,11 @@ static const char* ptr_kinds(int bits, char* buf, size_t len) {
   return buf;
 }
 
-/* The plugin's own explanation of GPU memory (its CUDA log line), or "". */
+/* The plugin's own explanation of GPU memory (its "GPU memory" log line,
+ * else its first CUDA line), or "". */
 static const char* gpu_reason(const info_report* r) {
+  for (int i = 0; i < r->nlog; i++)
+    if (strstr(r->log[i], "GPU memory")) return r->log[i];
   for (int i = 0; i < r->nlog; i++)
     if (strstr(r->log[i], "CUDA")) return r->log[i];
   return "";

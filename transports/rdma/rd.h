@@ -58,6 +58,7 @@ typedef struct rd_sreq {
   uint32_t k;     /* its number among the connection's sends with its tag */
   int matched;
   int eager_slot; /* the staging slot its eager write reads (-1: none) */
+  uint8_t host;   /* its buffer is host memory (only such a buffer may be copied into a staging slot) */
   _Atomic uint8_t eager; /* it went eager (profiler events; set by whichever thread posts it) */
 } rd_sreq;
 

@@ -121,7 +121,7 @@ fab_result rd_eager_connected(fab_comm* c, const void* in, size_t len) {
 ssize_t rd_eager_post(fab_comm* c, fab_req* r) {
   rd_scomm* s = rd_s(c);
   rd_sreq* q = rd_sq(r);
-  if (!s->ring.len || r->size > s->eager_max) return -FI_EAGAIN;
+  if (!s->ring.len || r->size > s->eager_max || !q->host) return -FI_EAGAIN; /* GPU data: no CPU copy */
   uint16_t avail = s->ring_free & (uint16_t)~atomic_load_explicit(&s->stage_busy, memory_order_acquire);
   if (!avail) return -FI_EAGAIN;
   int slot = __builtin_ctz(avail);

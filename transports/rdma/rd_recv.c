@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "fab_cuda.h"
 #include "rd.h"
 
 static inline void sub_set(rd_rsub* b, int state) { atomic_store_explicit(&b->state, state, memory_order_relaxed); }
@@ -211,10 +212,30 @@ void rd_recv_acked(fab_comm* c, uint32_t consumed) {
   }
 }
 
+/* An eager message's bytes into its buffer: a CPU copy, or the driver's for
+ * GPU memory. 0, or -1 after setting r's error. */
+static int copy_out(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint32_t size) {
+  if (!b->mr || b->mr->type != FAB_PTR_CUDA) {
+    memcpy(b->data, src, size);
+    return 0;
+  }
+  const char* what;
+  int rc = fab_cuda_copy_to_device(b->data, src, size, &what);
+  if (rc == 0) return 0;
+  if (r->result == FAB_OK) {
+    char msg[256];
+    snprintf(msg, sizeof(msg), "receive of %u bytes (tag %d) from %s into GPU memory: %s failed (CUresult %d)", size,
+             b->ctrl.tag, c->peer_name, what, rc);
+    r->result = FAB_ERR_CUDA;
+    r->errmsg = strdup(msg);
+  }
+  return -1;
+}
+
 void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint32_t size) {
   b->eager = src != NULL;
   if (size <= b->size) {
-    if (src && size) memcpy(b->data, src, size);
+    if (src && size) copy_out(c, r, b, src, size);
     b->got = size;
   } else if (r->result == FAB_OK && !c->closing) {
     char msg[320];

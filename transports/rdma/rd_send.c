@@ -175,6 +175,7 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   q->desc = mr ? mr->desc : NULL;
   q->matched = 0;
   q->eager_slot = -1;
+  q->host = !mr || mr->type != FAB_PTR_CUDA;
   atomic_store_explicit(&q->eager, 0, memory_order_relaxed);
   fab_endpoint* ep = c->ep;
   pthread_mutex_lock(&ep->lock);
