@@ -11,7 +11,8 @@
  * carries intra-host GPU traffic itself, so they gain nothing, and libfabric
  * 1.17's shm HMEM path lets one large send whose receive is not posted yet
  * stall every other send of the endpoint (two channels of a NCCL broadcast
- * then deadlock; seen on two H200s).
+ * then deadlock; seen on two H200s); 2.x's shm HMEM entry has no inject and
+ * slows host memory (docs/performance.md §4).
  */
 #include <errno.h>
 #include <limits.h>
@@ -277,14 +278,30 @@ static uint64_t gpu_memory_caps(void) {
 
 /* One INFO line that says whether NCCL may hand us GPU memory, and why
  * (fabric-info shows it). */
-static void log_gpu_memory(const char* prov, uint64_t caps, int granted) {
+static void log_gpu_memory(const char* prov, const fab_transport_ops* t, uint64_t caps, int granted,
+                           const char* unfit) {
   const char* why = granted                     ? "provider grants FI_HMEM"
                     : !fab_g.cuda_ok            ? "the CUDA driver is not usable"
                     : !caps                     ? "FABRIC_GPU_MEMORY=0"
+                    : unfit                     ? "provider's FI_HMEM endpoints cannot run the transport"
                     : (caps & FI_REMOTE_COMM)   ? "provider lacks FI_HMEM on endpoints that reach other hosts "
                                                   "(intra-host providers such as shm need FABRIC_GPU_MEMORY=1)"
                                                 : "provider lacks FI_HMEM";
-  FAB_INFO(FAB_SUBSYS_INIT, "GPU memory (CUDA%s): %s on %s: %s", DMABUF_OR_NOT, granted ? "yes" : "no", prov, why);
+  FAB_INFO(FAB_SUBSYS_INIT, "GPU memory (CUDA%s): %s on %s with transport %s: %s%s%s", DMABUF_OR_NOT,
+           granted ? "yes" : "no", prov, t->name, why, unfit ? ": " : "", unfit ? unfit : "");
+}
+
+/* NULL when some entry of list (of provider prov) can run transport t, else
+ * why the first cannot. */
+static const char* unfit_reason(const struct fi_info* list, const char* prov, const fab_transport_ops* t) {
+  const char* why = "no entry of the provider";
+  for (const struct fi_info* fi = list; fi; fi = fi->next) {
+    if (strcmp(fi->fabric_attr->prov_name, prov)) continue;
+    const char* r = reject_reason(fi, t);
+    if (!r) return NULL;
+    if (!strcmp(why, "no entry of the provider")) why = r;
+  }
+  return why;
 }
 
 fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncands) {
@@ -301,7 +318,12 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
   struct fi_info* all = query(prov, t, 0, &rc);
   uint64_t hmem_caps = gpu_memory_caps();
   struct fi_info* hmem = hmem_caps ? query(prov, t, hmem_caps, &rc) : NULL;
-  log_gpu_memory(prov, hmem_caps, hmem != NULL);
+  const char* hmem_unfit = hmem ? unfit_reason(hmem, prov, t) : NULL;
+  if (hmem_unfit) { /* host memory then, rather than no device */
+    fi_freeinfo(hmem);
+    hmem = NULL;
+  }
+  log_gpu_memory(prov, t, hmem_caps, hmem != NULL, hmem_unfit);
   /* A provider that cannot reach other hosts (shm) completes sends to one
    * peer in order, so one comm's unmatched large send would hold up every
    * other comm's sends to that peer on a shared endpoint: a further send
@@ -322,15 +344,15 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
     fab_g.devs[fab_g.nphys - 1]->local_only = remote == NULL;
     fab_g.devs[fab_g.nphys - 1]->ordered_writes = ordered != NULL;
   }
+  const char* unfit = fab_g.nphys == 0 ? unfit_reason(list, prov, t) : NULL;
+  if (fab_g.nphys == 0)
+    FAB_WARN("provider %s offers no domain that can run transport %s (%s); choose another FABRIC_TRANSPORT or "
+             "provider", prov, t->name, unfit ? unfit : "out of memory adding one");
   fi_freeinfo(ordered);
   fi_freeinfo(remote);
   fi_freeinfo(hmem);
   fi_freeinfo(all);
-  if (fab_g.nphys == 0) {
-    FAB_WARN("provider %s offers no usable domain (out of memory?)", prov);
-    return FAB_ERR_SYSTEM;
-  }
-  return FAB_OK;
+  return fab_g.nphys == 0 ? FAB_ERR_SYSTEM : FAB_OK;
 }
 
 /* The overflow region of receives on intra-host providers (fab_domain.sink):

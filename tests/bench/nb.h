@@ -46,6 +46,16 @@ struct nb_xport {
   void* priv;
 };
 
+/* Where buffers live (--mem; nb_mem.c). */
+enum { NB_MEM_HOST = 0, NB_MEM_CUDA = 1 };
+extern int nb_mem_kind;
+void nb_mem_open(int kind); /* in each rank, after the fork */
+void* nb_mem_alloc(size_t size);
+void nb_mem_free(void* p, size_t size);
+void nb_mem_put(void* dst, const void* src, size_t n); /* host -> buffer */
+void nb_mem_get(void* dst, const void* src, size_t n); /* buffer -> host */
+void nb_mem_set(void* dst, int byte, size_t n);
+
 enum { NB_RAW_HINTS_PLUGIN = 0, NB_RAW_HINTS_NOHMEM = 1, NB_RAW_HINTS_MINIMAL = 2 };
 
 /* Options both transports need. */
@@ -59,6 +69,7 @@ typedef struct nb_xport_opts {
   int raw_rma;           /* raw mode's RMA flavour (nb_raw_rma.c) */
   int nccl_profiler;     /* drive the plugin as NCCL does with no profiler loaded: a callback that returns at
                           * once, and a parent handle with every isend and irecv (nb_plugin.c) */
+  int mem;               /* NB_MEM_*: the buffers' kind (registered as such) */
 } nb_xport_opts;
 
 int nb_raw_open(nb_xport* x, const nb_xport_opts* o);

@@ -48,6 +48,7 @@ typedef struct {
   int raw_hints;      /* NB_RAW_HINTS_* */
   int raw_rma;        /* --raw-rma */
   int nccl_profiler;  /* --nccl-profiler */
+  int mem;            /* --mem: NB_MEM_* */
   int nlat, nbw;
   size_t lat_sizes[MAX_SIZES];
   size_t bw_sizes[MAX_SIZES];
@@ -89,6 +90,12 @@ static inline uint64_t mix64(uint64_t x) {
 }
 /* The 8-byte word expected at byte offset off of a transfer with this seed. */
 static inline uint64_t pat(uint64_t seed, size_t off) { return mix64(seed ^ ((uint64_t)off * 0x2545f4914f6cdd1dull)); }
+/* Whether transfer `it` of `total` carries sampled words: every one in host
+ * memory; in GPU memory (where each word is a driver copy that would weigh on
+ * the timing) the first and the last, besides the full-buffer check. */
+static inline int sampled(uint64_t it, uint64_t total) {
+  return nb_mem_kind == NB_MEM_HOST || it == 0 || it + 1 == total;
+}
 void fill_samples(void* buf, size_t size, uint64_t seed);
 int check_samples(const void* buf, size_t size, uint64_t seed);
 void fill_full(void* buf, size_t size, uint64_t seed);

@@ -105,54 +105,88 @@ static int sample_offsets(uint64_t seed, size_t size, size_t* off) {
   return NSAMPLES;
 }
 
+/* The sampled words go to and come from the buffer through nb_mem (a copy
+ * for GPU memory). */
 void fill_samples(void* buf, size_t size, uint64_t seed) {
   unsigned char* b = buf;
   if (size < 8) {
-    for (size_t i = 0; i < size; i++) b[i] = (unsigned char)pat(seed, i);
+    unsigned char v[8];
+    for (size_t i = 0; i < size; i++) v[i] = (unsigned char)pat(seed, i);
+    nb_mem_put(b, v, size);
     return;
   }
   size_t off[NSAMPLES];
   int n = sample_offsets(seed, size, off);
   for (int i = 0; i < n; i++) {
     uint64_t v = pat(seed, off[i]);
-    memcpy(b + off[i], &v, 8);
+    nb_mem_put(b + off[i], &v, 8);
   }
-  if (size % 8) b[size - 1] = (unsigned char)pat(seed, size - 1);
+  if (size % 8) {
+    unsigned char last = (unsigned char)pat(seed, size - 1);
+    nb_mem_put(b + size - 1, &last, 1);
+  }
 }
 
 int check_samples(const void* buf, size_t size, uint64_t seed) {
   const unsigned char* b = buf;
   if (size < 8) {
+    unsigned char v[8];
+    nb_mem_get(v, b, size);
     for (size_t i = 0; i < size; i++)
-      if (b[i] != (unsigned char)pat(seed, i)) return -1;
+      if (v[i] != (unsigned char)pat(seed, i)) return -1;
     return 0;
   }
   size_t off[NSAMPLES];
   int n = sample_offsets(seed, size, off);
   for (int i = 0; i < n; i++) {
     uint64_t v;
-    memcpy(&v, b + off[i], 8);
+    nb_mem_get(&v, b + off[i], 8);
     if (v != pat(seed, off[i])) return -1;
   }
-  if (size % 8 && b[size - 1] != (unsigned char)pat(seed, size - 1)) return -1;
+  unsigned char last;
+  if (size % 8) nb_mem_get(&last, b + size - 1, 1);
+  if (size % 8 && last != (unsigned char)pat(seed, size - 1)) return -1;
   return 0;
 }
 
-void fill_full(void* buf, size_t size, uint64_t seed) {
-  uint64_t* w = buf;
+static void fill_host(unsigned char* buf, size_t size, uint64_t seed) {
+  uint64_t* w = (uint64_t*)buf;
   size_t nw = size / 8;
   for (size_t i = 0; i < nw; i++) w[i] = pat(seed, i * 8);
-  for (size_t i = nw * 8; i < size; i++) ((unsigned char*)buf)[i] = (unsigned char)pat(seed, i);
+  for (size_t i = nw * 8; i < size; i++) buf[i] = (unsigned char)pat(seed, i);
 }
 
-long check_full(const void* buf, size_t size, uint64_t seed) {
-  const uint64_t* w = buf;
+static long check_host(const unsigned char* buf, size_t size, uint64_t seed) {
+  const uint64_t* w = (const uint64_t*)buf;
   size_t nw = size / 8;
   for (size_t i = 0; i < nw; i++)
     if (w[i] != pat(seed, i * 8)) return (long)(i * 8);
   for (size_t i = nw * 8; i < size; i++)
-    if (((const unsigned char*)buf)[i] != (unsigned char)pat(seed, i)) return (long)i;
+    if (buf[i] != (unsigned char)pat(seed, i)) return (long)i;
   return -1;
+}
+
+/* GPU memory goes through a host copy of the whole buffer (untimed). */
+void fill_full(void* buf, size_t size, uint64_t seed) {
+  if (nb_mem_kind == NB_MEM_HOST) {
+    fill_host(buf, size, seed);
+    return;
+  }
+  unsigned char* h = malloc(size ? size : 1);
+  if (!h) nb_die("out of memory for a %zu-byte host copy", size);
+  fill_host(h, size, seed);
+  nb_mem_put(buf, h, size);
+  free(h);
+}
+
+long check_full(const void* buf, size_t size, uint64_t seed) {
+  if (nb_mem_kind == NB_MEM_HOST) return check_host(buf, size, seed);
+  unsigned char* h = malloc(size ? size : 1);
+  if (!h) nb_die("out of memory for a %zu-byte host copy", size);
+  nb_mem_get(h, buf, size);
+  long bad = check_host(h, size, seed);
+  free(h);
+  return bad;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -213,7 +247,8 @@ void xport_open(int m) {
                      .verbose = cfg.verbose,
                      .raw_hints = cfg.raw_hints,
                      .raw_rma = cfg.raw_rma,
-                     .nccl_profiler = cfg.nccl_profiler};
+                     .nccl_profiler = cfg.nccl_profiler,
+                     .mem = cfg.mem};
   memset(&modes[m], 0, sizeof(modes[m]));
   if (m == M_RAW) {
     nb_raw_open(&modes[m].x, &o);
@@ -296,15 +331,9 @@ void data_comms_down(int m) {
   modes[m].sc = modes[m].rc = NULL;
 }
 
-void* buf_alloc(size_t size) {
-  size_t len = size ? size : 8;
-  void* p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) nb_die("mmap(%zu): %s", len, strerror(errno));
-  memset(p, 0x5a, len); /* fault the pages in, outside any timing */
-  return p;
-}
+void* buf_alloc(size_t size) { return nb_mem_alloc(size); }
 
-void buf_free(void* p, size_t size) { munmap(p, size ? size : 8); }
+void buf_free(void* p, size_t size) { nb_mem_free(p, size); }
 
 void bufset_init(bufset* b, int n, size_t size, int is_send) {
   b->n = n;
@@ -375,7 +404,7 @@ void full_check(int m, bufset* s, bufset* r, size_t size, int both_ways) {
       wait_req(m, q);
       barrier();
     } else {
-      memset(r->buf[0], 0xa5, size ? size : 8);
+      nb_mem_set(r->buf[0], 0xa5, size ? size : 8);
       void* q = post_recv(m, modes[m].rc, r->buf[0], size, 7, r->mh[m][0]);
       barrier();
       int got = wait_req(m, q);

@@ -25,6 +25,7 @@ typedef struct {
   const void* table;
   char sym[64];
   int nccl_profiler; /* pass a parent handle with every operation (--nccl-profiler) */
+  int mem_type;      /* FAB_PTR_HOST or FAB_PTR_CUDA (--mem cuda) */
 } plug_state;
 
 /* NCCL's profiler callback when no profiler plugin is loaded: it returns at
@@ -113,7 +114,7 @@ static int p_close_listen(nb_xport* x, void* c) { return use(P(x)), P(x)->api.cl
 
 static int p_reg_mr(nb_xport* x, void* comm, void* buf, size_t size, void** mh) {
   use(P(x));
-  return P(x)->api.reg_mr(comm, buf, size, FAB_PTR_HOST, mh);
+  return P(x)->api.reg_mr(comm, buf, size, P(x)->mem_type, mh);
 }
 
 static int p_dereg_mr(nb_xport* x, void* comm, void* mh) { return use(P(x)), P(x)->api.dereg_mr(comm, mh); }
@@ -221,6 +222,7 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   fab_comm_config conf = {.traffic_class = -1};
   snprintf(plugin_transport, sizeof(plugin_transport), "unknown");
   p->nccl_profiler = o->nccl_profiler;
+  p->mem_type = o->mem == NB_MEM_CUDA ? FAB_PTR_CUDA : FAB_PTR_HOST;
   int rc = p->api.init(&p->ctx, 0x6e6574626e63ull, &conf, plug_logger, o->nccl_profiler ? nccl_profiler_absent : NULL);
   if (rc) nb_die("plugin %s: init failed (%d)", o->plugin, rc);
   int ndev = 0;

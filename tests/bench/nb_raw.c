@@ -107,7 +107,22 @@ static int cuda_usable(void) {
   return ok; /* stays loaded, as in the plugin */
 }
 
+/* GPU buffers: FI_HMEM is a must, asked for as the plugin does under
+ * FABRIC_GPU_MEMORY=1 (no FI_REMOTE_COMM, so shm qualifies). */
+static struct fi_info* raw_getinfo_hmem(const nb_xport_opts* o) {
+  struct fi_info* h = raw_hints(o, o->provider, 1);
+  h->caps &= ~FI_REMOTE_COMM;
+  struct fi_info* info = NULL;
+  int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, h, &info);
+  fi_freeinfo(h);
+  if (rc || !info)
+    nb_die("raw: --mem cuda: provider %s offers no FI_HMEM endpoint (fi_getinfo %d: %s); it needs a libfabric "
+           "built with CUDA", o->provider ? o->provider : "(any)", rc, fi_strerror(-rc));
+  return info;
+}
+
 static struct fi_info* raw_getinfo(const nb_xport_opts* o) {
+  if (o->mem == NB_MEM_CUDA) return raw_getinfo_hmem(o);
   struct fi_info* hints = raw_hints(o, o->provider, 0);
   struct fi_info* info = NULL;
   int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
@@ -236,8 +251,13 @@ static int r_reg_mr(nb_xport* x, void* comm, void* buf, size_t size, void** mh) 
   struct fid_mr* mr;
   uint64_t access = FI_SEND | FI_RECV;
   if (r->rma) access |= FI_REMOTE_WRITE | FI_REMOTE_READ | FI_WRITE | FI_READ;
-  int rc = fi_mr_reg(r->domain, buf, size, access, 0, r->prov_key ? 0 : ++r->next_key, 0, &mr, NULL);
-  raw_check(rc, "fi_mr_reg");
+  struct iovec iov = {.iov_base = buf, .iov_len = size};
+  struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = access,
+                            .requested_key = r->prov_key ? 0 : ++r->next_key,
+                            .iface = r->cuda ? FI_HMEM_CUDA : FI_HMEM_SYSTEM};
+  attr.device.cuda = 0; /* the rank's GPU (nb_mem.c: device 0) */
+  int rc = fi_mr_regattr(r->domain, &attr, 0, &mr);
+  raw_check(rc, "fi_mr_regattr");
   if (r->mr_endpoint) {
     raw_check(fi_mr_bind(mr, &r->ep->fid, 0), "fi_mr_bind");
     raw_check(fi_mr_enable(mr), "fi_mr_enable");
@@ -361,10 +381,14 @@ int nb_raw_open(nb_xport* x, const nb_xport_opts* o) {
   if (fault) fault_at = atol(fault);
   r->info = raw_getinfo(o);
   struct fi_info* fi = r->info;
-  r->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL);
+  /* descriptors with every buffer: where the provider needs them for all
+   * memory, and for GPU memory where it needs them for that (FI_MR_HMEM) */
+  r->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL) ||
+                (o->mem == NB_MEM_CUDA && (fi->domain_attr->mr_mode & FI_MR_HMEM));
   r->mr_endpoint = !!(fi->domain_attr->mr_mode & FI_MR_ENDPOINT);
   r->prov_key = !!(fi->domain_attr->mr_mode & FI_MR_PROV_KEY);
   r->rma = !!(fi->caps & FI_RMA);
+  r->cuda = o->mem == NB_MEM_CUDA;
   raw_check(fi_fabric(fi->fabric_attr, &r->fabric, NULL), "fi_fabric");
   raw_check(fi_domain(r->fabric, fi, &r->domain, NULL), "fi_domain");
   r->rma_mode = o->raw_rma;

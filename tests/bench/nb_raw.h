@@ -81,6 +81,7 @@ typedef struct {
   struct fid_cq* cq;
   struct fid_av* av;
   int mr_local, mr_endpoint, prov_key, rma;
+  int cuda; /* buffers are GPU memory (--mem cuda): registered with FI_HMEM_CUDA */
   uint64_t next_key;
   uint32_t next_comm;
   /* AV cache: the last few peer names inserted. */

@@ -60,8 +60,8 @@ run() {
 lf2=$dir/plugin-lf2
 lf1=$dir/plugin-lf1
 if [[ -z ${RUNS:-} ]]; then
-  RUNS="shm:sendrecv:cuda shm:rdma:cuda shm:sendrecv:dmabuf shm:rdma:dmabuf tcp:sendrecv:cuda tcp:rdma:cuda"
-  RUNS="$RUNS shm:rdma:cuda:eager shm:sendrecv:cuda:oneep shm:rdma:cuda:lf1 shm:sendrecv:host"
+  RUNS="shm:sendrecv:cuda shm:sendrecv:dmabuf shm:rdma:cuda tcp:sendrecv:cuda tcp:rdma:cuda"
+  RUNS="$RUNS shm:rdma:cuda:eager shm:sendrecv:cuda:oneep shm:sendrecv:cuda:lf1 shm:sendrecv:host"
 fi
 for r in $RUNS; do
   IFS=: read -r prov tp mem variant <<<"$r"
@@ -82,7 +82,7 @@ if [[ ${NETBENCH:-1} == 1 ]]; then
     if (( t < 30 )); then echo "SKIPPED  netbench.shm.$mem (budget)" | tee -a "$summary"; continue; fi
     (( t > 180 )) && t=180
     log=$out/logs/netbench.shm.$mem.log
-    FABRIC_GPU_MEMORY=1 timeout "$t" "$dir/bin/netbench" --provider shm --mem "$mem" --tests lat,bw --reps 3 \
+    FABRIC_GPU_MEMORY=1 timeout "$t" "$dir/bin/netbench" --provider shm --mem "$mem" --tests lat,bw --reps 3 --lat-sizes 8,4K,64K --bw-sizes 64K,1M,8M,64M \
       --csv "$out/netbench-shm-$mem.csv" "$lf2/libnccl-net-fabric.so" >"$log" 2>&1
     rc=$?
     echo "$( ((rc == 0)) && echo PASS || echo "FAIL(rc $rc)")  netbench.shm.$mem: $(grep -m1 'all transfers verified' "$log")" |
