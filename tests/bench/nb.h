@@ -47,7 +47,7 @@ struct nb_xport {
 };
 
 /* Where buffers live (--mem; nb_mem.c). */
-enum { NB_MEM_HOST = 0, NB_MEM_CUDA = 1 };
+enum { NB_MEM_HOST = 0, NB_MEM_CUDA = 1, NB_MEM_DMABUF = 2 }; /* DMABUF: CUDA memory registered by dma-buf fd */
 extern int nb_mem_kind;
 void nb_mem_open(int kind); /* in each rank, after the fork */
 void* nb_mem_alloc(size_t size);
@@ -55,6 +55,9 @@ void nb_mem_free(void* p, size_t size);
 void nb_mem_put(void* dst, const void* src, size_t n); /* host -> buffer */
 void nb_mem_get(void* dst, const void* src, size_t n); /* buffer -> host */
 void nb_mem_set(void* dst, int byte, size_t n);
+/* A dma-buf fd for the GPU buffer p of size bytes (from nb_mem_alloc, which
+ * starts it on a 2 MiB page); the caller closes it. */
+int nb_mem_dmabuf_fd(void* p, size_t size);
 
 enum { NB_RAW_HINTS_PLUGIN = 0, NB_RAW_HINTS_NOHMEM = 1, NB_RAW_HINTS_MINIMAL = 2 };
 

@@ -1,8 +1,9 @@
 /*
  * netbench: where the buffers live. Host memory (mmap), or GPU memory from
- * the CUDA driver (--mem cuda; libcuda is dlopen'ed, so netbench still builds
- * and runs where there is none). Both transports get the same buffers; the
- * data checks reach GPU memory through copies to and from the host.
+ * the CUDA driver (--mem cuda, or --mem dmabuf: the same memory registered
+ * through a dma-buf fd; libcuda is dlopen'ed, so netbench still builds and
+ * runs where there is none). Both transports get the same buffers; the data
+ * checks reach GPU memory through copies to and from the host.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -23,7 +24,11 @@ static struct {
   cu_result (*dtoh)(void*, cu_ptr, size_t);
   cu_result (*memset8)(cu_ptr, unsigned char, size_t);
   cu_result (*set_attr)(const void*, int, cu_ptr);
+  cu_result (*range_handle)(void*, cu_ptr, size_t, int, unsigned long long);
 } cu;
+
+/* dma-buf ranges must be page aligned: GPU buffers are whole 2 MiB pages. */
+static size_t gpu_len(size_t size) { return ((size ? size : 8) + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1); }
 
 static void* need(void* lib, const char* name) {
   void* p = dlsym(lib, name);
@@ -52,6 +57,7 @@ void nb_mem_open(int kind) {
   *(void**)&cu.dtoh = need(lib, "cuMemcpyDtoH_v2");
   *(void**)&cu.memset8 = need(lib, "cuMemsetD8_v2");
   *(void**)&cu.set_attr = need(lib, "cuPointerSetAttribute");
+  if (kind == NB_MEM_DMABUF) *(void**)&cu.range_handle = need(lib, "cuMemGetHandleForAddressRange");
   int dev;
   void* ctx;
   CU(init(0), "cuInit");
@@ -62,8 +68,9 @@ void nb_mem_open(int kind) {
 
 void* nb_mem_alloc(size_t size) {
   size_t len = size ? size : 8;
-  if (nb_mem_kind == NB_MEM_CUDA) {
+  if (nb_mem_kind != NB_MEM_HOST) {
     cu_ptr p;
+    len = gpu_len(size);
     CU(cu.alloc(&p, len), "cuMemAlloc");
     int one = 1; /* as NCCL sets on GPUDirect buffers */
     CU(cu.set_attr(&one, 6 /* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS */, p), "cuPointerSetAttribute");
@@ -77,24 +84,31 @@ void* nb_mem_alloc(size_t size) {
 }
 
 void nb_mem_free(void* p, size_t size) {
-  if (nb_mem_kind == NB_MEM_CUDA) CU(cu.free((cu_ptr)(uintptr_t)p), "cuMemFree");
+  if (nb_mem_kind != NB_MEM_HOST) CU(cu.free((cu_ptr)(uintptr_t)p), "cuMemFree");
   else munmap(p, size ? size : 8);
 }
 
 void nb_mem_put(void* dst, const void* src, size_t n) {
   if (!n) return;
-  if (nb_mem_kind == NB_MEM_CUDA) CU(cu.htod((cu_ptr)(uintptr_t)dst, src, n), "cuMemcpyHtoD");
+  if (nb_mem_kind != NB_MEM_HOST) CU(cu.htod((cu_ptr)(uintptr_t)dst, src, n), "cuMemcpyHtoD");
   else memcpy(dst, src, n);
 }
 
 void nb_mem_get(void* dst, const void* src, size_t n) {
   if (!n) return;
-  if (nb_mem_kind == NB_MEM_CUDA) CU(cu.dtoh(dst, (cu_ptr)(uintptr_t)src, n), "cuMemcpyDtoH");
+  if (nb_mem_kind != NB_MEM_HOST) CU(cu.dtoh(dst, (cu_ptr)(uintptr_t)src, n), "cuMemcpyDtoH");
   else memcpy(dst, src, n);
 }
 
 void nb_mem_set(void* dst, int byte, size_t n) {
   if (!n) return;
-  if (nb_mem_kind == NB_MEM_CUDA) CU(cu.memset8((cu_ptr)(uintptr_t)dst, (unsigned char)byte, n), "cuMemsetD8");
+  if (nb_mem_kind != NB_MEM_HOST) CU(cu.memset8((cu_ptr)(uintptr_t)dst, (unsigned char)byte, n), "cuMemsetD8");
   else memset(dst, byte, n);
+}
+
+int nb_mem_dmabuf_fd(void* p, size_t size) {
+  int fd = -1;
+  CU(cu.range_handle(&fd, (cu_ptr)(uintptr_t)p, gpu_len(size), 1 /* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD */, 0),
+     "cuMemGetHandleForAddressRange");
+  return fd;
 }

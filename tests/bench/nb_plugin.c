@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fab_api.h"
 #include "fab_drivers.h"
@@ -25,7 +26,8 @@ typedef struct {
   const void* table;
   char sym[64];
   int nccl_profiler; /* pass a parent handle with every operation (--nccl-profiler) */
-  int mem_type;      /* FAB_PTR_HOST or FAB_PTR_CUDA (--mem cuda) */
+  int mem_type;      /* FAB_PTR_HOST or FAB_PTR_CUDA (--mem cuda / dmabuf) */
+  int dmabuf;        /* register through regMrDmaBuf (--mem dmabuf) */
 } plug_state;
 
 /* NCCL's profiler callback when no profiler plugin is loaded: it returns at
@@ -114,7 +116,12 @@ static int p_close_listen(nb_xport* x, void* c) { return use(P(x)), P(x)->api.cl
 
 static int p_reg_mr(nb_xport* x, void* comm, void* buf, size_t size, void** mh) {
   use(P(x));
-  return P(x)->api.reg_mr(comm, buf, size, P(x)->mem_type, mh);
+  if (!P(x)->dmabuf) return P(x)->api.reg_mr(comm, buf, size, P(x)->mem_type, mh);
+  if (!P(x)->api.reg_mr_dmabuf) nb_die("--mem dmabuf: this table has no regMrDmaBuf");
+  int fd = nb_mem_dmabuf_fd(buf, size);
+  int rc = P(x)->api.reg_mr_dmabuf(comm, buf, size, FAB_PTR_CUDA, 0, fd, mh);
+  close(fd); /* as NCCL does right after the call */
+  return rc;
 }
 
 static int p_dereg_mr(nb_xport* x, void* comm, void* mh) { return use(P(x)), P(x)->api.dereg_mr(comm, mh); }
@@ -222,7 +229,8 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   fab_comm_config conf = {.traffic_class = -1};
   snprintf(plugin_transport, sizeof(plugin_transport), "unknown");
   p->nccl_profiler = o->nccl_profiler;
-  p->mem_type = o->mem == NB_MEM_CUDA ? FAB_PTR_CUDA : FAB_PTR_HOST;
+  p->mem_type = o->mem == NB_MEM_HOST ? FAB_PTR_HOST : FAB_PTR_CUDA;
+  p->dmabuf = o->mem == NB_MEM_DMABUF;
   int rc = p->api.init(&p->ctx, 0x6e6574626e63ull, &conf, plug_logger, o->nccl_profiler ? nccl_profiler_absent : NULL);
   if (rc) nb_die("plugin %s: init failed (%d)", o->plugin, rc);
   int ndev = 0;

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void raw_check(int rc, const char* what) {
   if (rc) nb_die("raw: %s failed: %d (%s)", what, rc, fi_strerror(-rc));
@@ -122,7 +123,7 @@ static struct fi_info* raw_getinfo_hmem(const nb_xport_opts* o) {
 }
 
 static struct fi_info* raw_getinfo(const nb_xport_opts* o) {
-  if (o->mem == NB_MEM_CUDA) return raw_getinfo_hmem(o);
+  if (o->mem != NB_MEM_HOST) return raw_getinfo_hmem(o);
   struct fi_info* hints = raw_hints(o, o->provider, 0);
   struct fi_info* info = NULL;
   int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
@@ -256,7 +257,19 @@ static int r_reg_mr(nb_xport* x, void* comm, void* buf, size_t size, void** mh) 
                             .requested_key = r->prov_key ? 0 : ++r->next_key,
                             .iface = r->cuda ? FI_HMEM_CUDA : FI_HMEM_SYSTEM};
   attr.device.cuda = 0; /* the rank's GPU (nb_mem.c: device 0) */
-  int rc = fi_mr_regattr(r->domain, &attr, 0, &mr);
+  uint64_t flags = 0;
+  int fd = -1;
+#ifdef FI_MR_DMABUF
+  struct fi_mr_dmabuf dmabuf;
+  if (r->dmabuf) {
+    fd = nb_mem_dmabuf_fd(buf, size);
+    dmabuf = (struct fi_mr_dmabuf){.fd = fd, .offset = 0, .len = size, .base_addr = buf};
+    attr.dmabuf = &dmabuf;
+    flags |= FI_MR_DMABUF;
+  }
+#endif
+  int rc = fi_mr_regattr(r->domain, &attr, flags, &mr);
+  if (fd >= 0) close(fd);
   raw_check(rc, "fi_mr_regattr");
   if (r->mr_endpoint) {
     raw_check(fi_mr_bind(mr, &r->ep->fid, 0), "fi_mr_bind");
@@ -384,11 +397,15 @@ int nb_raw_open(nb_xport* x, const nb_xport_opts* o) {
   /* descriptors with every buffer: where the provider needs them for all
    * memory, and for GPU memory where it needs them for that (FI_MR_HMEM) */
   r->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL) ||
-                (o->mem == NB_MEM_CUDA && (fi->domain_attr->mr_mode & FI_MR_HMEM));
+                (o->mem != NB_MEM_HOST && (fi->domain_attr->mr_mode & FI_MR_HMEM));
   r->mr_endpoint = !!(fi->domain_attr->mr_mode & FI_MR_ENDPOINT);
   r->prov_key = !!(fi->domain_attr->mr_mode & FI_MR_PROV_KEY);
   r->rma = !!(fi->caps & FI_RMA);
-  r->cuda = o->mem == NB_MEM_CUDA;
+  r->cuda = o->mem != NB_MEM_HOST;
+  r->dmabuf = o->mem == NB_MEM_DMABUF;
+#ifndef FI_MR_DMABUF
+  if (r->dmabuf) nb_die("raw: --mem dmabuf: this netbench was built against a libfabric without FI_MR_DMABUF");
+#endif
   raw_check(fi_fabric(fi->fabric_attr, &r->fabric, NULL), "fi_fabric");
   raw_check(fi_domain(r->fabric, fi, &r->domain, NULL), "fi_domain");
   r->rma_mode = o->raw_rma;

@@ -81,7 +81,8 @@ typedef struct {
   struct fid_cq* cq;
   struct fid_av* av;
   int mr_local, mr_endpoint, prov_key, rma;
-  int cuda; /* buffers are GPU memory (--mem cuda): registered with FI_HMEM_CUDA */
+  int cuda;   /* buffers are GPU memory (--mem cuda/dmabuf): registered with FI_HMEM_CUDA */
+  int dmabuf; /* ... through a dma-buf fd (--mem dmabuf) */
   uint64_t next_key;
   uint32_t next_comm;
   /* AV cache: the last few peer names inserted. */

@@ -245,8 +245,9 @@ static void usage(FILE* f) {
           "  --nccl-profiler      drive the plugins as NCCL does with no profiler plugin loaded: a profiler\n"
           "                       callback that returns at once, and a parent handle with every operation\n"
           "                       (the cost of the plugin's profiler events when nobody listens)\n"
-          "  --mem host|cuda      where the buffers live: cuda = cuMemAlloc on GPU 0, registered as\n"
-          "                       NCCL_PTR_CUDA (plugin) and FI_HMEM_CUDA (raw); needs a libfabric with CUDA,\n"
+          "  --mem host|cuda|dmabuf  where the buffers live: cuda = cuMemAlloc on GPU 0, registered as\n"
+          "                       NCCL_PTR_CUDA (plugin) and FI_HMEM_CUDA (raw); dmabuf = the same memory\n"
+          "                       registered through a dma-buf fd (regMrDmaBuf, FI_MR_DMABUF); needs a libfabric with CUDA,\n"
           "                       and FABRIC_GPU_MEMORY=1 on shm. Sampled words only in the first and last\n"
           "                       transfer of a run (each is a driver copy), plus the full-buffer check\n"
           "  --env-b NAME=VALUE   set in the environment while plugin-b initialises only (e.g.\n"
@@ -441,7 +442,8 @@ int main(int argc, char** argv) {
       case O_MEM:
         if (!strcmp(optarg, "host")) cfg.mem = NB_MEM_HOST;
         else if (!strcmp(optarg, "cuda")) cfg.mem = NB_MEM_CUDA;
-        else nb_die("--mem wants host or cuda");
+        else if (!strcmp(optarg, "dmabuf")) cfg.mem = NB_MEM_DMABUF;
+        else nb_die("--mem wants host, cuda or dmabuf");
         break;
       case O_ENV_B:
         if (!strchr(optarg, '=')) nb_die("--env-b wants NAME=VALUE, got %s", optarg);

@@ -7,7 +7,8 @@
 #                    builds without a GPU), tcp, shm and rxm; built once, cached
 # <dest>/plugin-lf2  the plugin built against it (FI_MR_DMABUF: regMrDmaBuf)
 # <dest>/plugin-lf1  the plugin of build/ (built against Debian's 1.17)
-# <dest>/bin         fabric-gpu-mem and netbench of build/
+# <dest>/bin         fabric-gpu-mem and netbench of build/, and netbench-lf2
+#                    (built against the 2.x: raw dma-buf registration)
 #
 # Sources, logs and build trees go to <dest>.work (not carried). The source
 # defaults to ../shared/libfabric/*.tgz beside the checkout.
@@ -62,12 +63,14 @@ fi
 
 # --- the plugin against it, and against 1.17 ----------------------------------------------------------
 rm -f "$work/build-lf2/CMakeCache.txt"
-PKG_CONFIG_PATH=$lf/lib/pkgconfig cmake -S "$top" -B "$work/build-lf2" -G Ninja -DFABRIC_BUILD_TESTS=OFF \
-  -DCMAKE_BUILD_TYPE=Release >"$work/build-lf2.log" 2>&1 && cmake --build "$work/build-lf2" >>"$work/build-lf2.log" 2>&1 ||
+PKG_CONFIG_PATH=$lf/lib/pkgconfig cmake -S "$top" -B "$work/build-lf2" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  >"$work/build-lf2.log" 2>&1 &&
+  cmake --build "$work/build-lf2" --target nccl-net-fabric netbench >>"$work/build-lf2.log" 2>&1 ||
   { tail -20 "$work/build-lf2.log"; echo "build-gpu-mem.sh: FAILED: the plugin against libfabric 2.x"; exit 1; }
 cmake --build "$top/build" --target nccl-net-fabric fabric-gpu-mem netbench >/dev/null
 mkdir -p "$dest/plugin-lf2" "$dest/plugin-lf1" "$dest/bin"
 cp "$work/build-lf2/libnccl-net-fabric.so" "$dest/plugin-lf2/"
 cp "$top/build/libnccl-net-fabric.so" "$dest/plugin-lf1/"
 cp "$top/build/tests/gpu/fabric-gpu-mem" "$top/build/tests/bench/netbench" "$dest/bin/"
+cp "$work/build-lf2/tests/bench/netbench" "$dest/bin/netbench-lf2"
 echo "build-gpu-mem.sh: ready in $dest ($(du -sh "$dest" | cut -f1) to carry)"

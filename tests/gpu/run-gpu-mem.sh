@@ -77,12 +77,12 @@ done
 
 # --- netbench: GPU buffers, plugin against raw libfabric on the same buffers ------------------------------
 if [[ ${NETBENCH:-1} == 1 ]]; then
-  for mem in cuda host; do
+  for mem in cuda dmabuf host; do
     t=$(( $(left) - 15 ))
     if (( t < 30 )); then echo "SKIPPED  netbench.shm.$mem (budget)" | tee -a "$summary"; continue; fi
-    (( t > 180 )) && t=180
+    (( t > 150 )) && t=150
     log=$out/logs/netbench.shm.$mem.log
-    FABRIC_GPU_MEMORY=1 timeout "$t" "$dir/bin/netbench" --provider shm --mem "$mem" --tests lat,bw --reps 3 --lat-sizes 8,4K,64K --bw-sizes 64K,1M,8M,64M \
+    FABRIC_GPU_MEMORY=1 timeout "$t" "$dir/bin/netbench-lf2" --provider shm --mem "$mem" --tests lat,bw --reps 3 --lat-sizes 8,4K,64K --bw-sizes 64K,1M,8M,64M \
       --csv "$out/netbench-shm-$mem.csv" "$lf2/libnccl-net-fabric.so" >"$log" 2>&1
     rc=$?
     echo "$( ((rc == 0)) && echo PASS || echo "FAIL(rc $rc)")  netbench.shm.$mem: $(grep -m1 'all transfers verified' "$log")" |
