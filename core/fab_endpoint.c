@@ -111,6 +111,7 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
   fab_list_init(&ep->retired);
   fab_list_init(&ep->privates);
   fab_list_init(&ep->private_node);
+  fab_list_init(&ep->local_node);
   ep->next_conn_id = 1;
   ep->next_connector_id = 1;
   atomic_init(&ep->sweep_every, FAB_SWEEP_EVERY_MIN);
@@ -140,6 +141,8 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
   if (rc == -FI_ETOOSMALL) return open_fail(ep, "fi_getname (address longer than the handle can carry)", rc);
   if (rc) return open_fail(ep, "fi_getname", rc);
   ep->addr_len = len;
+  if (dev->local_only && dev->info->addr_format == FI_ADDR_STR) fab_local_register(ep); /* named: peers in this
+                                                                                          * process find it */
   char name[128];
   fab_ep_peer_name(ep, FI_ADDR_NOTAVAIL, name, sizeof(name));
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "endpoint on %s/%s: %s", fab_device_provider(dev), dev->name, name);
@@ -165,12 +168,36 @@ static void drain_closed(fab_endpoint* ep) {
   pthread_mutex_unlock(&ep->lock);
 }
 
+/* Removes ep's AV entries for endpoints of this process while those are
+ * still open (their references keep them so), and lets go of them. */
+static void drop_local_entries(fab_endpoint* ep) {
+  for (size_t i = 0; i < ep->av_count; i++) {
+    fab_av_entry* a = &ep->av_cache[i];
+    if (!a->owner) continue;
+    if (ep->av) fi_av_remove(ep->av, &a->fi_addr, 1, 0);
+    fab_local_unref(a->owner);
+    a->owner = NULL;
+  }
+}
+
+int fab_endpoint_reap(void) {
+  for (fab_endpoint* e; (e = fab_local_next_reapable());) fab_endpoint_destroy(e);
+  return fab_local_buried_count();
+}
+
 void fab_endpoint_destroy(fab_endpoint* ep) {
   if (!ep) return;
   drain_closed(ep);
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->privates) {
     fab_list_del(it);
     fab_endpoint_destroy(FAB_CONTAINER_OF(it, fab_endpoint, private_node));
+  }
+  drop_local_entries(ep);
+  if (fab_local_leave(ep)) {
+    FAB_INFO(FAB_SUBSYS_NET, "endpoint on %s stays open, idle, while another endpoint of this process still "
+             "addresses it (libfabric's shm must not drop such an address after its endpoint closed)", ep->dev->name);
+    fab_endpoint_reap();
+    return;
   }
   ep->destroying = 1;
   /* Closing the endpoint first guarantees libfabric no longer references any
@@ -185,6 +212,7 @@ void fab_endpoint_destroy(fab_endpoint* ep) {
   for (int i = 0; i < FAB_ID_PAGES; i++) free((void*)atomic_load(&ep->ids[i]));
   pthread_mutex_destroy(&ep->lock);
   free(ep);
+  fab_endpoint_reap();
 }
 
 static fab_result cq_failed(fab_endpoint* ep, const char* what, ssize_t rc) {
@@ -400,6 +428,7 @@ int fab_ep_av_insert(fab_endpoint* ep, const void* addr, size_t len, fi_addr_t* 
   memcpy(a->addr, addr, len);
   a->fi_addr = fa;
   a->refs = 1;
+  a->owner = fab_ep_addr_in_process(ep, addr, len) ? fab_local_ref(addr, len) : NULL;
   *out = fa;
   return 0;
 }
@@ -424,10 +453,13 @@ void fab_ep_av_release(fab_endpoint* ep, fi_addr_t fa) {
     if (a->refs > 0) a->refs--;
     if (a->refs > 0 || !ep->dev->local_only || ep->destroying) return;
     int rc = fi_av_remove(ep->av, &fa, 1, 0);
-    if (rc != 0)
+    if (rc != 0) {
       FAB_INFO(FAB_SUBSYS_NET, "fi_av_remove on %s: %s; the address stays mapped", ep->dev->name, fi_strerror(-rc));
-    else
-      ep->av_cache[i] = ep->av_cache[--ep->av_count];
+      return;
+    }
+    fab_endpoint* owner = a->owner;
+    ep->av_cache[i] = ep->av_cache[--ep->av_count];
+    if (owner) fab_local_unref(owner); /* after the removal: it was open until now */
     return;
   }
 }

@@ -162,6 +162,7 @@ typedef struct fab_av_entry {
   uint8_t addr[FAB_ADDR_MAX];
   fi_addr_t fi_addr;
   uint32_t refs; /* comms and refusals using it */
+  struct fab_endpoint* owner; /* an endpoint of this process with this address, referenced (fab_ep_local.c) */
 } fab_av_entry;
 
 /* What the connection layer does with an endpoint it created: sweep its
@@ -214,6 +215,11 @@ struct fab_endpoint {
   fab_list privates;
   fab_list private_node;
   int nprivates; /* length of privates (home lock) */
+  /* in-process addressing on intra-host providers (fab_ep_local.c; its lock) */
+  fab_list local_node;
+  int local_registered;
+  uint32_t local_refs; /* AV entries of endpoints of this process that address this one */
+  int buried;          /* destroyed while referenced: kept open and idle until reaped */
 };
 
 /* --- comms and requests --------------------------------------------------- */
@@ -363,6 +369,19 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
 /* Closes the libfabric endpoint (its own endpoints first), runs the
  * teardown hook, frees the rest. */
 void fab_endpoint_destroy(fab_endpoint* ep);
+/* Closes the buried endpoints no longer referenced (fab_ep_local.c); engine
+ * shutdown calls it last. Returns how many stay buried. */
+int fab_endpoint_reap(void);
+
+/* --- in-process addressing (fab_ep_local.c) --- */
+void fab_local_register(fab_endpoint* ep);
+/* The registered endpoint with this address, referenced; NULL when none. */
+fab_endpoint* fab_local_ref(const void* addr, size_t len);
+void fab_local_unref(fab_endpoint* owner);
+/* Unregisters ep unless it is still referenced; then it is buried: returns 1. */
+int fab_local_leave(fab_endpoint* ep);
+fab_endpoint* fab_local_next_reapable(void);
+int fab_local_buried_count(void);
 /* Reads one batch of completions and dispatches them. Caller holds ep->lock. */
 fab_result fab_ep_progress_locked(fab_endpoint* ep);
 /* Data-path progress (test, and isend/irecv on -FI_EAGAIN). The provider is

@@ -301,7 +301,8 @@ void fab_mr_unhold(fab_mr* m) {
 }
 
 /* NCCL deregisters, then closes: a receive announced to a peer may be taking
- * its data right now. It gets FAB_CLOSE_DRAIN_MS to finish (receives live on
+ * its data right now (or a send still waiting for its receive may be about
+ * to be written). It gets FAB_CLOSE_DRAIN_MS to finish (receives live on
  * the device's shared endpoint, driven here) before the registration closes
  * under it: a write refused mid-way on tcp;ofi_rxm takes the whole
  * connection between the two processes down with it. */
@@ -338,10 +339,10 @@ fab_result fab_mr_deregister(void* mhandle) {
   int held = atomic_load_explicit(&m->refs, memory_order_acquire) - 1;
   if (held > 0) {
     atomic_store_explicit(&m->gone, 1, memory_order_release);
-    FAB_WARN("deregMr: %p backed %d receive buffer%s still announced to a peer; the peer's writes into %s are now "
-             "refused and %s with an error; deregister after receives complete, or close their comm first",
-             mhandle, held, held == 1 ? "" : "s", held == 1 ? "it" : "them", held == 1 ? "that receive fails" :
-             "those receives fail");
+    FAB_WARN("deregMr: %p still backs %d operation%s (receives announced to a peer, or sends waiting for their "
+             "receive); the peer's writes into such receives are now refused, such sends are not written, and both "
+             "fail with an error; deregister after they complete, or close their comm first",
+             mhandle, held, held == 1 ? "" : "s");
   }
   fab_mr_unhold(m);
   return FAB_OK;

@@ -80,9 +80,10 @@ fab_result fab_mr_register_on(fab_device* named, fab_device* dev, void* data, si
                               int fd, void** mhandle, const char* fn);
 fab_result fab_mr_deregister(void* mhandle);
 
-/* A posted receive announced to a peer holds m (refs) so that its memory
- * stays valid for the receive's bookkeeping after a deregistration;
- * fab_mr_unhold drops the hold. */
+/* A posted receive announced to a peer, or a send waiting for its receive
+ * (rdma transport), holds m (refs) so that it stays valid for their
+ * bookkeeping after a deregistration, which marks it gone; fab_mr_unhold
+ * drops the hold. */
 static inline void fab_mr_hold(fab_mr* m) { atomic_fetch_add_explicit(&m->refs, 1, memory_order_acq_rel); }
 void fab_mr_unhold(fab_mr* m);
 

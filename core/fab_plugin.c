@@ -77,6 +77,10 @@ static void ctx_destroy(fab_ctx* ctx) {
 static void engine_down(void) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &fab_g.ctxs) ctx_destroy(FAB_CONTAINER_OF(it, fab_ctx, node));
   for (int i = 0; i < FAB_MAX_DEVICES; i++) fab_endpoint_destroy(atomic_exchange(&fab_g.eps[i], NULL));
+  int buried = fab_endpoint_reap();
+  if (buried)
+    FAB_INFO(FAB_SUBSYS_INIT, "finalize: %d endpoints stay open: endpoints of this process not closed through the "
+             "plugin still address them", buried);
   fab_devices_release();
   fab_cuda_fini();
   fab_obj_reset();

@@ -433,6 +433,57 @@ FT_PAIR_TEST(truncation_large, 60) { send_larger_body(peer, 1, 4096, 8192); }
  * CMA), on every provider and transport. */
 FT_PAIR_TEST(truncation_huge, 60) { send_larger_body(peer, 1, 1 << 20, 64 << 20); }
 
+/* rdma transport: a send waiting for its receive's announcement whose buffer
+ * is deregistered meanwhile is refused with an error when the announcement
+ * comes, never written from the closed registration (libfabric 2.x's shm
+ * dereferences a closed one's descriptor and crashes). Both ranks at once. */
+static void dereg_waiting_send_body(ft_peer* peer, void* arg) {
+  enum { LEN = 65536 };
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  ft_mr sm, rm;
+  ft_mr_alloc(&s, &sm, c.send_comm, LEN);
+  ft_mr_alloc(&s, &rm, c.recv_comm, LEN);
+  ft_fill(sm.buf, LEN, ft_seed(1200, (uint64_t)ft_role(), 0));
+  int tag = 9;
+  void* sreq = ft_isend(&s, c.send_comm, sm.buf, LEN, tag, sm.mh, T_MS);
+  ft_sync(peer, "sends waiting", T_MS); /* neither rank has posted its receive */
+  int w0 = ft_log_warns();
+  ft_log_expect_warns(1);
+  FT_OK(s.api->dereg_mr(c.send_comm, sm.mh)); /* WARNs: it backs a waiting send */
+  sm.mh = NULL;
+  ft_sync(peer, "deregistered", T_MS);
+  size_t rlen = LEN;
+  void* d = rm.buf;
+  void* rreq = ft_irecv(&s, c.recv_comm, 1, &d, &rlen, &tag, &rm.mh, T_MS);
+  int done = 0;
+  fab_result rc = ft_test_until(&s, sreq, NULL, 5000, &done);
+  ft_log_expect_warns(0);
+  FT_CHECK(rc == FAB_ERR_INVALID_USAGE,
+           "a send whose buffer was deregistered while it waited returned %d (done %d); expected ncclInvalidUsage "
+           "(%d): it must not be written from a closed registration", (int)rc, done, (int)FAB_ERR_INVALID_USAGE);
+  FT_CHECK(ft_log_warns() - w0 == 2, "%d WARN lines for the deregistration and the refused send, expected 2 (last: "
+           "%s)", ft_log_warns() - w0, ft_log_last_warn());
+  FT_CHECK(strstr(ft_log_last_warn(), "deregistered before the send") != NULL, "the refusal says: %s",
+           ft_log_last_warn());
+  ft_sync(peer, "refused", T_MS);
+  (void)rreq; /* its data never comes: closed with it pending */
+  ft_log_expect_warns(1);
+  ft_close_all(&s, &c, 1);
+  ft_mr_free(&s, &rm);
+  ft_mr_free(&s, &sm);
+  ft_log_expect_warns(0);
+  ft_side_close(&s);
+}
+
+Test(functional, dereg_waiting_send, .init = ft_test_init, .timeout = 90) {
+  const char* tp = getenv("FABRIC_TRANSPORT");
+  if (!tp || strcmp(tp, "rdma") != 0) cr_skip_test("only the rdma transport keeps sends waiting for their receive");
+  ft_run_pair("dereg_waiting_send", dereg_waiting_send_body, NULL, 60);
+}
+
 /* Close with requests in flight: receives that will never match, sends the
  * peer never receives; close every comm; no crash, no leak, no hang. */
 FT_PAIR_TEST(close_inflight, 60) {

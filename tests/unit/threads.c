@@ -107,10 +107,13 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
       OK(api->isend(s, sbuf, tag == 1 ? 8 : MAXSZ / 4, tag, smh, NULL, &sq));
     }
   }
-  OK(api->dereg_mr(s, smh));
   if (unmatched && (w->id & 1)) OK(api->dereg_mr(r, rmh));
   if (unmatched && (w->id & 1)) OK(api->close_recv(r)); /* before the sends may have matched */
   OK(api->close_send(s));
+  /* As NCCL does: a buffer is deregistered once its sends are done, which the
+   * closed comm still sees to (a send waiting for its receive is refused if
+   * its buffer goes first). Unmatched: they never will be. */
+  if (unmatched) OK(api->dereg_mr(s, smh));
   if (!unmatched) {
     for (int k = 0; k < 2; k++) {
       int done = 0, got = -1;
@@ -122,6 +125,7 @@ static void churn(worker* w, char* sbuf, char* rbuf) {
       CHECK(got == (k == 0 ? 8 : MAXSZ / 4), "thread %d: side receive %d got %d bytes", w->id, k + 1, got);
     }
   }
+  if (!unmatched) OK(api->dereg_mr(s, smh));
   if (!(unmatched && (w->id & 1))) OK(api->dereg_mr(r, rmh));
   if (!(unmatched && (w->id & 1))) OK(api->close_recv(r));
   OK(api->close_listen(l));

@@ -33,6 +33,7 @@ static fab_result rd_comm_init(fab_comm* c) {
  * closed): retired, not freed (fab_rma_buf_retire). */
 static void rd_comm_fini(fab_comm* c) {
   if (c->kind == FAB_OBJ_RECV) rd_recv_release(c);
+  else if (c->kind == FAB_OBJ_SEND) rd_send_release(c);
   rd_eager_fini(c);
   if (c->kind != FAB_OBJ_SEND || !c->ep) return;
   rd_scomm* s = rd_s(c);

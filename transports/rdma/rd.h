@@ -59,6 +59,7 @@ typedef struct rd_sreq {
   int matched;
   int eager_slot; /* the staging slot its eager write reads (-1: none) */
   uint8_t host;   /* its buffer is host memory (only such a buffer may be copied into a staging slot) */
+  struct fab_mr* held; /* its registration, held while it waits (a deregistration meanwhile fails it) */
   _Atomic uint8_t eager; /* it went eager (profiler events; set by whichever thread posts it) */
 } rd_sreq;
 
@@ -170,6 +171,8 @@ void rd_recv_eager_landed(fab_comm* c, uint32_t slot, uint32_t size);
 void rd_recv_check_gone(fab_comm* c, fab_req* r);
 /* comm free: the buffers let go of their registrations. */
 void rd_recv_release(fab_comm* c);
+/* comm free: its waiting sends let go of their registrations. */
+void rd_send_release(fab_comm* c);
 fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const int* tags, fab_mr** mrs,
                     void** request);
 void rd_recv_progress(fab_comm* c);

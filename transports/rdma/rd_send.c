@@ -46,10 +46,30 @@ static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
   return 0;
 }
 
+/* A send that waited finds its registration gone: its descriptor names a
+ * closed memory region, which the provider must never see. */
+static ssize_t refuse_deregistered(fab_comm* c, fab_req* r) {
+  char msg[320];
+  snprintf(msg, sizeof(msg),
+           "send of %zu bytes (tag %d) to %s: its buffer was deregistered before the send could be written; "
+           "deregister a buffer only after its sends complete",
+           r->size, r->tag, c->peer_name);
+  fail_send(c, r, FAB_ERR_INVALID_USAGE, msg);
+  return 0;
+}
+
+/* A send leaves the waiting list: its registration is no longer held. */
+static void let_go(rd_sreq* q) {
+  if (q->held) fab_mr_unhold(q->held);
+  q->held = NULL;
+}
+
 /* Posts the write of a matched send: 0 (posted, done or failed) or
  * -FI_EAGAIN. ep lock held. */
 static ssize_t post(fab_comm* c, fab_req* r) {
   rd_sreq* q = rd_sq(r);
+  if (FAB_UNLIKELY(q->held != NULL) && atomic_load_explicit(&q->held->gone, memory_order_acquire))
+    return refuse_deregistered(c, r);
   if (FAB_UNLIKELY(r->size > q->target.win.len)) return refuse_truncated(c, r);
   uint64_t data = rd_cq_data(RD_DATA, c->peer_id, q->target.slot, (uint32_t)r->size);
   ssize_t rc;
@@ -96,7 +116,10 @@ static void post_waiting(fab_comm* c) {
     fab_req* r = s->wait[i];
     rd_sreq* q = rd_sq(r);
     if (!q->matched) q->matched = take(s, r->tag, q->k, &q->target);
-    if (q->matched ? post(c, r) != -FI_EAGAIN : rd_eager_post(c, r) == 0) continue;
+    if (q->matched ? post(c, r) != -FI_EAGAIN : rd_eager_post(c, r) == 0) {
+      let_go(q);
+      continue;
+    }
     s->wait[kept++] = r;
   }
   s->nwait = kept;
@@ -175,6 +198,7 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   q->desc = mr ? mr->desc : NULL;
   q->matched = 0;
   q->eager_slot = -1;
+  q->held = NULL;
   q->host = !mr || mr->type != FAB_PTR_CUDA;
   atomic_store_explicit(&q->eager, 0, memory_order_relaxed);
   fab_endpoint* ep = c->ep;
@@ -198,6 +222,8 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
     went = rd_eager_post(c, r) == 0;
   }
   if (!went) {
+    if (mr) fab_mr_hold(mr);
+    q->held = mr;
     s->wait[s->nwait++] = r;
     atomic_store_explicit(&s->nwait_hint, s->nwait, memory_order_relaxed);
   }
@@ -219,6 +245,7 @@ static void drop_waiting(fab_comm* c, fab_req* only) {
       continue;
     }
     if (r->result == FAB_OK) r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
+    let_go(rd_sq(r));
     fab_req_op_done(r, 0);
   }
   s->nwait = kept;
@@ -230,6 +257,12 @@ static void drop_waiting(fab_comm* c, fab_req* only) {
  * then); only a failed connection drops them. */
 void rd_send_cancel(fab_comm* c) {
   if (c->error != FAB_OK) drop_waiting(c, NULL);
+}
+
+/* The comm is freed: sends still waiting let go of their registrations. */
+void rd_send_release(fab_comm* c) {
+  rd_scomm* s = rd_s(c);
+  for (uint32_t i = 0; i < s->nwait; i++) let_go(rd_sq(s->wait[i]));
 }
 
 void rd_send_give_up(fab_req* r) {
