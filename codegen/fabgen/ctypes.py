@@ -105,6 +105,14 @@ def struct_layout(members):
     return align_up(offset, max_align), max_align, offsets
 
 
+def union_layout(members):
+    """members: list of (name, size, align). Returns (size, align, {name: 0})."""
+    size, max_align = 0, 1
+    for _, msize, align in members:
+        size, max_align = max(size, msize), max(max_align, align)
+    return align_up(size, max_align), max_align, {name: 0 for name, _, _ in members}
+
+
 def range_checks(src_range, dst_range, dst_limits, src_spelling):
     """The checks a value of range src needs before it is stored in dst.
 

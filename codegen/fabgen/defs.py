@@ -84,6 +84,8 @@ class StructFamily:
     header: str | None = None       # shared structs: the shared header
     installed: str | None = None    # installed NCCL header that defines it too (the abi test compares)
     pattern: object = None
+    union: bool = False             # a union: every member at offset 0
+    partial: str | None = None      # why only NCCL's leading fields are described by name (--check-upstream)
 
     @property
     def versioned(self):

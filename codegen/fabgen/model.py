@@ -149,13 +149,18 @@ class Spec:
         self.types[name] = TypeInfo(name, "funcptr", *ctypes.POINTER)
 
     def _struct_family(self, key, node, fam, header):
-        node.keys({"c_name", "doc", "since", "until", "fields", "layout", "core", "null_value", "installed"},
+        node.keys({"c_name", "doc", "since", "until", "fields", "layout", "core", "null_value", "installed", "union",
+                   "partial"},
                   {"c_name", "fields", "layout"})
         since, until = read_since_until(node)
         c_name = node.get("c_name", str)
         sf = StructFamily(key, c_name, node.get("doc", str, ""), since, until, [], None,
                           node.get("core", str), node.get("null_value", str), node.file, node, fam, header,
-                          installed=node.get("installed", str))
+                          installed=node.get("installed", str), union=node.get("union", bool, False),
+                          partial=node.get("partial", str))
+        if sf.union and sf.core is not None:
+            raise node.error("a union has no core conversion (convert the struct that holds it, member by member)",
+                             "core")
         if sf.versioned:
             sf.pattern = re.compile("^" + re.escape(c_name).replace(r"\{v\}", r"(\d+)") + "$")
         elif since is not None or until is not None:
@@ -216,7 +221,7 @@ class Spec:
         def handle_check(value, n, k):
             if not isinstance(value, (int, str)) or isinstance(value, bool):
                 raise n.error("expected a byte count or a constant's name", k)
-        handle = VMap.parse(node, "handle_size", handle_check)
+        handle = VMap.parse(node, "handle_size", handle_check) if node.has("handle_size") else None
         fam = Family(node.get("name", str), node.get("title", str), versions, node.get("table", str),
                      node.get("symbol", str), node.get("header", str), bool(exported), node.get("plugin_name", str, ""),
                      None, releases, node.get("status", str, "exported" if exported == set(versions) else ""),
@@ -342,6 +347,11 @@ class Spec:
             if fam.export and fam.api not in apis:
                 raise fam.node.error(f"no [[core.api]] member belongs to '{fam.api}': its drivers would be empty", "api")
             fam.handle_sizes = {}
+            if fam._handle is None:
+                if fam.export:
+                    raise fam.node.error("an exported family needs handle_size (the bytes of its connection handle)")
+                fam.handle_size = None
+                continue
             for v in fam.versions:
                 h = fam._handle.at(v, "handle_size")
                 if isinstance(h, str):
@@ -433,7 +443,8 @@ class Spec:
             if t.ref.array == "":
                 raise fd.node.error("a struct field array needs a length", "type")
             inst.fields.append((fd, fd.name, t))
-        inst.size, inst.align, inst.offsets = ctypes.struct_layout([(n, t.size, t.align) for _, n, t in inst.fields])
+        layout = ctypes.union_layout if sf.union else ctypes.struct_layout
+        inst.size, inst.align, inst.offsets = layout([(n, t.size, t.align) for _, n, t in inst.fields])
         inst.done = True
         self._check_struct_layout(sf, inst, v)
         return inst

@@ -280,7 +280,7 @@ def _check_args(table, slot, m, headers, up, where, label):
                          f"is not in upstream {_up(headers, up, m)}")
         else:
             ours = _spec_type(a.defn, table.version)
-            if ours != p[1]:
+            if not _same_type(headers, ours, p[1]):
                 diffs.append(f"{label}:{line}: {at} argument {i + 1} '{a.name}' is {ours} here; upstream "
                              f"{_up(headers, up, m)} says {p[1]} '{p[0]}'")
             elif p[0] and p[0] != a.name:
@@ -292,14 +292,34 @@ def _check_args(table, slot, m, headers, up, where, label):
 _NAME_NOTES = []
 
 
+def _same_type(headers, ours, theirs):
+    """Equal spellings, or equal once upstream's typedef aliases are followed (NCCL names a shared enum
+    per version: typedef ncclProfilerEventState_t ncclProfilerEventState_v6_t)."""
+    def base(text):
+        seen = set()
+        while text in headers.aliases and text not in seen:
+            seen.add(text)
+            text = headers.aliases[text][0]
+        return text
+    return ours == theirs or base(ours) == base(theirs)
+
+
 def _check_struct(inst, up, headers, where):
     diffs, label, key = [], inst.family.file, inst.family.key
     ours = [name for _, name, _ in inst.fields]
     theirs = [m.name for m in up.members]
+    if inst.family.partial:
+        shared = 0
+        while shared < min(len(ours), len(theirs)) and ours[shared] == theirs[shared]:
+            shared += 1
+        _NAME_NOTES.append(f"{label}:{where.field(label, key, ours[shared] if shared < len(ours) else ours[0])}: "
+                           f"{inst.c_name}: fields from '{ours[shared] if shared < len(ours) else '-'}' on are not "
+                           f"compared ({inst.family.partial}); the layout record holds their size")
+        ours, theirs = ours[:shared], theirs[:shared]
     if ours != theirs:
         line = where.field(label, key, ours[0] if ours else "")
         return [f"{label}:{line}: {inst.c_name} fields are {ours}; upstream {_up(headers, up)} has {theirs}"]
-    for (fd, name, t), m in zip(inst.fields, up.members):
+    for (fd, name, t), m in zip(inst.fields[:len(ours)], up.members):
         line = where.field(label, key, name)
         ours_t = _spec_type(fd, inst.version) if inst.version is not None else normalize(fd.type.at(None, "type"))
         base = ours_t.split("[")[0]

@@ -116,6 +116,32 @@ typedef enum {
 } ncclProfilerNetEventType;
 FAB_ABI_ASSERT(sizeof(ncclProfilerNetEventType) == 4, "ncclProfilerNetEventType is an int-sized enum");
 
+/* Profiler plugin event kinds (descriptor type and activation-mask bits, profiler v4+). Net plugin events are ncclProfileNetPlugin. */
+typedef enum {
+  ncclProfileGroup = 0x1,
+  ncclProfileColl = 0x2,
+  ncclProfileP2p = 0x4,
+  ncclProfileProxyOp = 0x8,
+  ncclProfileProxyStep = 0x10,
+  ncclProfileProxyCtrl = 0x20,
+  ncclProfileKernelCh = 0x40,
+  ncclProfileNetPlugin = 0x80,
+  ncclProfileGroupApi = 0x100, /* profiler v5+ */
+  ncclProfileCollApi = 0x200, /* profiler v5+ */
+  ncclProfileP2pApi = 0x400, /* profiler v5+ */
+  ncclProfileKernelLaunch = 0x800, /* profiler v5+ */
+  ncclProfileCeColl = 0x1000, /* profiler v6+ */
+  ncclProfileCeSync = 0x2000, /* profiler v6+ */
+  ncclProfileCeBatch = 0x4000, /* profiler v6+ */
+} ncclProfileEventType;
+FAB_ABI_ASSERT(sizeof(ncclProfileEventType) == 4, "ncclProfileEventType is an int-sized enum");
+
+/* recordEventState's state argument. Only the net plugin's state is listed: the proxy, kernel, group and CE states (0-20, 22-30) are not used here. */
+typedef enum {
+  ncclProfilerNetPluginUpdate = 21, /* an update from the net plugin: eStateArgs->netPlugin.data is its extData */
+} ncclProfilerEventState_t;
+FAB_ABI_ASSERT(sizeof(ncclProfilerEventState_t) == 4, "ncclProfilerEventState_t is an int-sized enum");
+
 typedef enum {
   NCCL_NET_DEVICE_HOST = 0,
   NCCL_NET_DEVICE_UNPACK = 1,

@@ -83,6 +83,22 @@ class CheckUpstream(unittest.TestCase):
             self.assertEqual(rc, 1)
             self.assert_difference(err, "abi/rma.toml", "rma/rma_v16.h", "ncclRma_v16_t.iget")
 
+    def test_a_per_version_enum_alias_and_a_partial_struct(self):
+        rc, out, err = self.check()
+        self.assertEqual(rc, 0, err)
+        self.assertIn("ncclProfilerEventDescr_v6_t: fields from 'u' on are not compared", out)
+        with TempDir() as tmp:
+            headers = copy_fixture(tmp)
+            edit(f"{headers}/profiler/profiler_v6.h", "typedef ncclProfilerEventState_t ncclProfilerEventState_v6_t;",
+                 "typedef int ncclProfilerEventState_v6_t;")
+            edit(f"{headers}/profiler/profiler_v6.h", "  void* parentObj;\n  int rank;", "  void* parentObj;\n  long rank;")
+            rc, _, err = self.check(headers=headers)
+            self.assertEqual(rc, 1)
+            self.assert_difference(err, "abi/profiler.toml", "profiler/profiler_v6.h", "recordEventState", "eState",
+                                   "ncclProfilerEventState_v6_t")
+            self.assert_difference(err, "abi/profiler.toml", "profiler/profiler_v6.h", "ncclProfilerEventDescr_v6_t.rank",
+                                   "says long")
+
 
 class Import(unittest.TestCase):
     def test_drafts_the_delta_of_a_new_version(self):

@@ -115,6 +115,25 @@ args = [{ name = "request", type = "void*", conv = "copy", to = "request" }]
         self.assertIn("abi/common.toml: struct.ncclNetVDeviceProps.layout.12-.size: layout mismatch in "
                       "ncclNetVDeviceProps_v12_t: computed size 36, recorded 40", err)
 
+    def test_union_size_is_its_largest_member(self):
+        err = self.generate_broken(lambda d: edit(f"{d}/profiler.toml", '"5-" = { size = 88, align = 8, offsets = { '
+                                                  'netPlugin = 0, other88 = 0 } }', '"5-" = { size = 88, align = 8, '
+                                                  'offsets = { netPlugin = 0, other88 = 16 } }'))
+        self.assertIn("abi/profiler.toml: struct.ncclProfilerEventDescrUnion.layout.5-.offsets.other88: layout mismatch "
+                      "in ncclProfilerEventDescrUnion_v5_t: field 'other88' is at offset 0", err)
+        err = self.generate_broken(lambda d: edit(f"{d}/profiler.toml", '{ name = "other88", type = "uint64_t[11]" }',
+                                                  '{ name = "other88", type = "uint64_t[12]" }'))
+        self.assertIn("ncclProfilerEventDescrUnion_v5_t: computed size 96, recorded 88", err)
+
+    def test_union_has_no_core_conversion(self):
+        err = self.generate_broken(lambda d: edit(f"{d}/profiler.toml", 'c_name = "ncclProfilerEventStateArgs_v{v}_t"',
+                                                  'c_name = "ncclProfilerEventStateArgs_v{v}_t"\ncore = "fab_properties"'))
+        self.assertIn("abi/profiler.toml: struct.ncclProfilerEventStateArgs.core: a union has no core conversion", err)
+
+    def test_exported_family_needs_handle_size(self):
+        err = self.generate_broken(lambda d: edit(f"{d}/rma.toml", 'handle_size = "NCCL_GIN_HANDLE_MAXSIZE"\n', ""))
+        self.assertIn("abi/rma.toml: family: an exported family needs handle_size", err)
+
     def test_int_copied_into_size_t_pointer(self):
         err = self.generate_broken(lambda d: edit(
             f"{d}/net.toml", 'conv = { "-8" = "widen_array", "9-" = "copy" }', 'conv = "copy"'))
