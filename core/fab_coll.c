@@ -46,7 +46,7 @@ static fab_result handshake(fab_coll* g, fab_listener* l, void** handles, void**
     for (int r = 0; r < g->nranks; r++) {
       fab_coll_peer* p = &g->peers[r];
       if (r == g->rank || p->send_h) continue;
-      fab_result rc = fab_connect(l->owner->is_process ? NULL : l->owner->handle, l->dev->index, NULL, handles[r], &p->send_h, NULL);
+      fab_result rc = fab_conn_connect(l->owner->is_process ? NULL : l->owner->handle, l->dev->index, NULL, handles[r], 1, 0, &p->send_h);
       if (rc != FAB_OK) {
         char why[128];
         snprintf(why, sizeof(why), "connecting to rank %d failed (see the WARN above)", r);
@@ -55,7 +55,7 @@ static fab_result handshake(fab_coll* g, fab_listener* l, void** handles, void**
       if (p->send_h) nconn++;
     }
     while (nacc < want) {
-      fab_result rc = fab_accept(l->handle, &accepted[nacc], NULL);
+      fab_result rc = fab_conn_accept(l->handle, &accepted[nacc]);
       if (rc != FAB_OK) return fab_coll_fail(g, rc, fn, "accepting a peer failed (see the WARN above)");
       if (!accepted[nacc]) break;
       nacc++;
@@ -181,7 +181,7 @@ static fab_result coll_setup(fab_coll* g, fab_listener* l, void** handles, const
   for (int i = 0; i < g->nranks - 1; i++) {
     int adopted = 0;
     for (int r = 0; r < g->nranks; r++) adopted |= accepted[i] && g->peers[r].recv_h == accepted[i];
-    if (accepted[i] && !adopted) fab_close_recv(accepted[i]);
+    if (accepted[i] && !adopted) fab_conn_close_recv(accepted[i]);
   }
   free(accepted);
   return rc;
@@ -286,8 +286,8 @@ static void coll_destroy(fab_coll* g) {
   pthread_mutex_unlock(&g->target_ep->lock);
   for (int r = 0; r < g->nranks; r++) free(g->peers[r].put_seen); /* no handler reaches them any more */
   for (int r = 0; r < g->nranks; r++) {
-    if (g->peers[r].send_h) fab_close_send(g->peers[r].send_h);
-    if (g->peers[r].recv_h) fab_close_recv(g->peers[r].recv_h);
+    if (g->peers[r].send_h) fab_conn_close_send(g->peers[r].send_h);
+    if (g->peers[r].recv_h) fab_conn_close_recv(g->peers[r].recv_h);
   }
   for (uint32_t i = 0; i < g->nwins; i++)
     if (g->wins[i]) {

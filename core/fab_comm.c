@@ -171,6 +171,8 @@ void fab_comm_free(fab_comm* c) {
   free(c->prof);
   fab_pwin_free(c->pwin);
   fab_ep_ctrl_dereg(c->answer_mr);
+  free(c->answer_rails);
+  free(c->rail_handles);
   fab_ep_av_release(c->ep, c->peer);
   c->magic = 0;
   free(c);
@@ -265,8 +267,8 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
   return FAB_OK;
 }
 
-fab_result fab_close_send(void* send_comm) { return close_comm(send_comm, FAB_OBJ_SEND, "closeSend"); }
-fab_result fab_close_recv(void* recv_comm) { return close_comm(recv_comm, FAB_OBJ_RECV, "closeRecv"); }
+fab_result fab_conn_close_send(void* send_comm) { return close_comm(send_comm, FAB_OBJ_SEND, "closeSend"); }
+fab_result fab_conn_close_recv(void* recv_comm) { return close_comm(recv_comm, FAB_OBJ_RECV, "closeRecv"); }
 
 typedef struct owned_comm {
   void* handle;

@@ -58,6 +58,8 @@ typedef struct fab_listener {
   fab_device* dev;
   fab_ctx* owner; /* finalize closes it */
   uint64_t listen_id;
+  int rails, rail;     /* what connect requests must say (fab_wire_connect) */
+  uint8_t* rail_handles; /* rail 0 of several: the handles of rails 1.., sent after each answer */
   fab_list node;        /* ep->listens */
   fab_list queue;       /* fab_conn_request waiting for accept */
   fab_comm* accepting;  /* recv comm whose answer could not be posted yet */
@@ -94,9 +96,13 @@ typedef struct fab_pending {
   fab_op req_op, ans_op;
   struct fid_mr* mr;
   void* desc;
+  int rails, rail;
   struct {
     fab_wire_connect req;
-    fab_wire_accept ans;
+    union {
+      fab_wire_accept ans;
+      uint8_t ans_rails[FAB_ACCEPT_MAX]; /* rail 0 of several: the answer and the other rails' handles */
+    };
   } msg;
 } fab_pending;
 
@@ -139,8 +145,8 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, f
                          const fab_comm_config* config);
 uint32_t fab_conn_id_next(fab_endpoint* ep);
 /* fab_ctrl.c: sends an answer refusing a connect request; best effort. ep
- * lock held. */
-void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status);
+ * lock held. rails: the listener's rail count to report (0: the request's). */
+void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status, int rails);
 /* Takes a pending connect off home->connects (home lock held, not ep's):
  * frees it now or parks it until its operations complete; after a failure
  * (ok == 0) a private endpoint goes with it. */
@@ -151,6 +157,20 @@ void fab_pending_retire(fab_pending* pc, int ok);
 int fab_comm_close_owned(fab_endpoint* home, fab_ctx* owner);
 int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner);
 int fab_connect_drop_owned(fab_endpoint* home, fab_ctx* owner);
+
+/* The single-rail handshake and close (a comm over several rails is a set
+ * of these, core/fab_rails.c). rails > 1: this comm is rail `rail` of that
+ * many; rail 0's listener sends rail_handles (rails - 1 listen handles of
+ * FAB_HANDLE_SIZE, copied) after each answer, and rail 0's connector keeps
+ * them on its send comm (fab_comm.rail_handles). */
+fab_result fab_conn_listen(fab_ctx* ctx, int dev, void* handle, int rails, int rail, const void* rail_handles,
+                           void** listen_comm);
+fab_result fab_conn_accept(void* listen_comm, void** recv_comm);
+fab_result fab_conn_connect(fab_ctx* ctx, int dev, const fab_comm_config* config, void* handle, int rails, int rail,
+                            void** send_comm);
+fab_result fab_conn_close_send(void* send_comm);
+fab_result fab_conn_close_recv(void* recv_comm);
+fab_result fab_conn_close_listen(void* listen_comm);
 
 /* fab_listen.c: answers every connect request queued on ep's listeners now,
  * keeping the comms for their accept: a blocking connect (Neuron v4) must

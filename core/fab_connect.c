@@ -180,7 +180,7 @@ static fab_result peer_usable(fab_endpoint* ep, const fab_wire_handle* h) {
 }
 
 static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const fab_comm_config* config,
-                        const void* handle, fab_pending** out) {
+                        const void* handle, int rails, int rail, fab_pending** out) {
   fab_wire_handle h;
   char why[160];
   if (fab_wire_handle_decode(handle, &h, why, sizeof(why)) != 0) {
@@ -199,6 +199,8 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
   }
   pc->home = home;
   pc->owner = owner;
+  pc->rails = rails;
+  pc->rail = rail;
   pc->park.destroy = pending_destroy;
   fab_list_init(&pc->park.node);
   fab_result rc = pick_endpoint(home, &h, &pc->ep);
@@ -243,7 +245,7 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
   fab_op_init(&pc->ans_op, ans_done, pc, 1);
   fab_wire_tp tp = {.comm_id = c->local_id, .transport = c->ops->id};
   if (c->ops->connect_payload) tp.len = (uint8_t)c->ops->connect_payload(c, tp.data, sizeof(tp.data));
-  fab_wire_connect_encode(&pc->msg.req, h.listen_id, pc->connector_id, ep->addr, ep->addr_len, &tp);
+  fab_wire_connect_encode(&pc->msg.req, h.listen_id, pc->connector_id, ep->addr, ep->addr_len, &tp, rails, rail);
   pc->deadline_ms = fab_now_ms() + fab_g.params.connect_timeout_ms;
   *out = pc;
   return FAB_OK;
@@ -255,7 +257,7 @@ static fab_result post(fab_pending* pc) {
   const fab_tag_layout* t = &ep->dev->tags;
   ssize_t rc = 0;
   if (pc->ans_state == FAB_SUB_IDLE) {
-    rc = fi_trecv(ep->ep, &pc->msg.ans, sizeof(pc->msg.ans), pc->desc, FI_ADDR_UNSPEC,
+    rc = fi_trecv(ep->ep, &pc->msg.ans, sizeof(pc->msg.ans_rails), pc->desc, FI_ADDR_UNSPEC,
                   fab_tag_accept(t, pc->connector_id), 0, &pc->ans_op.ctx);
     if (rc == 0) {
       pc->ans_state = FAB_SUB_POSTED;
@@ -272,6 +274,20 @@ static fab_result post(fab_pending* pc) {
   if (rc == 0 || rc == -FI_EAGAIN) return FAB_OK;
   FAB_WARN("connect to %s: posting the handshake failed: %s", pc->comm->peer_name, fi_strerror((int)-rc));
   return FAB_ERR_SYSTEM;
+}
+
+/* Rail 0 of several: the listener's handles of the other rails, which came
+ * after its answer, go with the send comm (fab_comm.rail_handles). */
+static fab_result keep_rail_handles(fab_pending* pc, const fab_wire_accept* a) {
+  if (a->rail != 0 || a->rails < 2) return FAB_OK;
+  size_t len = (size_t)(a->rails - 1) * FAB_HANDLE_SIZE;
+  pc->comm->rail_handles = malloc(len);
+  if (!pc->comm->rail_handles) {
+    FAB_WARN("connect to %s: out of memory", pc->comm->peer_name);
+    return FAB_ERR_SYSTEM;
+  }
+  memcpy(pc->comm->rail_handles, pc->msg.ans_rails + sizeof(fab_wire_accept), len);
+  return FAB_OK;
 }
 
 /* Looks at the answer. FAB_OK with *done set when the comm is ready. */
@@ -295,6 +311,11 @@ static fab_result check_answer(fab_pending* pc, int* done) {
     FAB_WARN("connect to %s: invalid answer: %s", c->peer_name, a.listen_id != pc->listen_id ? "wrong listen id" : why);
     return FAB_ERR_REMOTE;
   }
+  if (a.status == FAB_ACCEPT_RAILS) {
+    FAB_WARN("connect to %s refused: this rank's device has %d rails (rail 0 on %s), the listener's %u; fuse the same "
+             "number of NICs into the device on every rank", c->peer_name, pc->rails, c->dev->name, a.rails);
+    return FAB_ERR_INVALID_USAGE;
+  }
   if (a.status == FAB_ACCEPT_TRANSPORT) {
     const fab_transport_ops* theirs = fab_transport_by_id(a.tp.transport);
     FAB_WARN("connect to %s refused: this rank runs transport %s, the listener %s; set the same FABRIC_TRANSPORT on "
@@ -310,6 +331,12 @@ static fab_result check_answer(fab_pending* pc, int* done) {
              c->ops->name);
     return FAB_ERR_REMOTE;
   }
+  if (a.rails != pc->rails || a.rail != pc->rail) {
+    FAB_WARN("connect to %s: the answer is for rail %u of %u, this was rail %d of %d", c->peer_name, a.rail, a.rails,
+             pc->rail, pc->rails);
+    return FAB_ERR_REMOTE;
+  }
+  if (keep_rail_handles(pc, &a) != FAB_OK) return FAB_ERR_SYSTEM;
   c->peer_id = a.tp.comm_id;
   if (c->ops->connected) {
     fab_result trc = c->ops->connected(c, a.tp.data, a.tp.len); /* WARNs */
@@ -341,9 +368,8 @@ static fab_result finish(fab_pending* pc, void** send_comm) {
   return FAB_OK;
 }
 
-fab_result fab_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config* config, void* handle, void** send_comm,
-                       void** dev_handle) {
-  (void)dev_handle;
+fab_result fab_conn_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config* config, void* handle, int rails,
+                            int rail, void** send_comm) {
   if (!send_comm) return fab_bad_argument("connect", "sendComm", 0, "a non-NULL pointer");
   *send_comm = NULL;
   if (!handle) return fab_bad_argument("connect", "handle", 0, "a non-NULL 128-byte handle");
@@ -356,7 +382,7 @@ fab_result fab_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config* conf
   int64_t now = fab_now_ms();
   sweep_expired(home, now);
   fab_pending* pc = find_pending(home, ctx, handle);
-  if (!pc) rc = start(home, d, ctx, config, handle, &pc);
+  if (!pc) rc = start(home, d, ctx, config, handle, rails, rail, &pc);
   int done = 0;
   if (rc == FAB_OK) {
     fab_endpoint* ep = pc->ep; /* lock order: home, then the private endpoint */
@@ -380,7 +406,8 @@ fab_result fab_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config* conf
 fab_result fab_connect_wait(fab_ctx* ctx_handle, int dev, const fab_comm_config* config, void* handle,
                             void** send_comm, void** dev_handle) {
   for (;;) {
-    fab_result rc = fab_connect(ctx_handle, dev, config, handle, send_comm, dev_handle);
+    (void)dev_handle;
+    fab_result rc = fab_conn_connect(ctx_handle, dev, config, handle, 1, 0, send_comm);
     if (rc != FAB_OK || *send_comm) return rc; /* fab_connect gives up after FABRIC_CONNECT_TIMEOUT_MS */
     for (int i = 0; i < FAB_MAX_DEVICES; i++) { /* the peer may be blocked in its own connect to us */
       fab_endpoint* ep = atomic_load(&fab_g.eps[i]);

@@ -33,7 +33,7 @@ static void refusal_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err
   refusal_destroy(&r->park);
 }
 
-void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status) {
+void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status, int rails) {
   fi_addr_t peer;
   if (fab_ep_av_insert(ep, req->addr, req->addr_len, &peer) != 0) return;
   refusal* r = calloc(1, sizeof(*r));
@@ -46,7 +46,7 @@ void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t sta
   r->park.destroy = refusal_destroy;
   fab_op_init(&r->op, refusal_done, r, 0);
   fab_wire_tp tp = {.transport = ep->dev->ops->id}; /* tells a connector on another transport which */
-  fab_wire_accept_encode(&r->msg, status, req->listen_id, req->connector_id, 0, &tp);
+  fab_wire_accept_encode(&r->msg, status, req->listen_id, req->connector_id, 0, &tp, rails ? rails : req->rails, 0);
   void* desc;
   if (fab_ep_ctrl_reg(ep, &r->msg, sizeof(r->msg), &r->mr, &desc) != 0 ||
       fi_tsend(ep->ep, &r->msg, sizeof(r->msg), desc, peer, fab_tag_accept(&ep->dev->tags, req->connector_id),
@@ -105,7 +105,7 @@ static void ctrl_rx_deliver(fab_endpoint* ep, const fab_wire_connect* raw, size_
   fab_listener* l = fab_listener_find(ep, m.listen_id);
   fab_conn_request* q = l ? malloc(sizeof(*q)) : NULL;
   if (!q) {
-    fab_conn_refuse(ep, &m, FAB_ACCEPT_NO_LISTENER);
+    fab_conn_refuse(ep, &m, FAB_ACCEPT_NO_LISTENER, 0);
     return;
   }
   q->msg = m;
@@ -155,13 +155,14 @@ void fab_listener_free_locked(fab_listener* l, int refuse) {
   fab_list_del(&l->node);
   for (fab_list* n; (n = fab_list_pop(&l->queue));) {
     fab_conn_request* q = FAB_CONTAINER_OF(n, fab_conn_request, node);
-    if (refuse) fab_conn_refuse(l->ep, &q->msg, FAB_ACCEPT_NO_LISTENER);
+    if (refuse) fab_conn_refuse(l->ep, &q->msg, FAB_ACCEPT_NO_LISTENER, 0);
     free(q);
   }
   if (l->accepting) fab_comm_free(l->accepting); /* nothing of it was posted */
   for (fab_list* n; (n = fab_list_pop(&l->ready));) free(FAB_CONTAINER_OF(n, fab_ready_comm, node)); /* its comm
                                                         * stays listed on the endpoint: finalize closes it */
   l->magic = 0;
+  free(l->rail_handles);
   free(l);
 }
 

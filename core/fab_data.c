@@ -10,6 +10,7 @@
 #include "fab_prof.h"
 #include "fab_mr.h"
 #include "fab_pwin.h"
+#include "fab_rails.h"
 #include "fab_req.h"
 #include "fab_transport.h"
 
@@ -32,6 +33,10 @@ static inline fab_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char
   if (FAB_LIKELY(c != NULL)) return c;
   return comm_warn(handle, kind, fn);
 }
+
+/* A comm over several rails (fab_rails.h) is another kind of handle: the
+ * single-rail path looks for it only after its own lookup failed. */
+static inline int is_rails(void* handle, fab_obj_kind kind) { return fab_obj_kind_of(handle) == kind; }
 
 /* The transport cannot take the operation now (NULL request: NCCL retries).
  * A retry is a poll without progress for the liveness check, so a runtime
@@ -60,12 +65,14 @@ fab_result fab_reg_mr(void* comm, void* data, size_t size, int type, void** mhan
   if (!mhandle) return fab_bad_argument("regMr", "mhandle", 0, "a non-NULL pointer");
   *mhandle = NULL;
   fab_obj_kind k = fab_obj_kind_of(comm);
-  if (k != FAB_OBJ_SEND && k != FAB_OBJ_RECV) {
+  int rails = k == FAB_OBJ_RAILS_SEND || k == FAB_OBJ_RAILS_RECV;
+  if (k != FAB_OBJ_SEND && k != FAB_OBJ_RECV && !rails) {
     FAB_WARN("regMr: %p is not a live send or recv comm", comm);
     return FAB_ERR_INTERNAL;
   }
   if (!data) return fab_bad_argument("regMr", "data", 0, "a non-NULL address");
   if (reg_range_check(data, size, "regMr") != FAB_OK) return FAB_ERR_INVALID_ARG;
+  if (rails) return fab_rails_reg_mr(comm, data, size, type, 0, -1, mhandle, "regMr");
   return fab_mr_register(fab_obj_get(comm, k), data, size, type, 0, -1, mhandle, "regMr");
 }
 
@@ -74,6 +81,16 @@ fab_result fab_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint
   if (!mhandle) return fab_bad_argument("regMrDmaBuf", "mhandle", 0, "a non-NULL pointer");
   *mhandle = NULL;
   fab_obj_kind k = fab_obj_kind_of(comm);
+  if (k == FAB_OBJ_RAILS_SEND || k == FAB_OBJ_RAILS_RECV) {
+    if (reg_range_check(data, size, "regMrDmaBuf") != FAB_OK) return FAB_ERR_INVALID_ARG;
+    fab_rails_comm* rc = fab_obj_get(comm, k);
+    if (rc && !(rc->dev->props.ptr_support & FAB_PTR_DMABUF)) {
+      FAB_WARN("regMrDmaBuf: device %s does not support dma-buf registration (not advertised in ptrSupport%s); use "
+               "regMr", rc->dev->name, DMABUF_WHY);
+      return FAB_ERR_INTERNAL;
+    }
+    return fab_rails_reg_mr(comm, data, size, type, fd < 0 ? 0 : offset, fd, mhandle, "regMrDmaBuf");
+  }
   if (k != FAB_OBJ_SEND && k != FAB_OBJ_RECV) {
     FAB_WARN("regMrDmaBuf: %p is not a live send or recv comm", comm);
     return FAB_ERR_INTERNAL;
@@ -91,26 +108,20 @@ fab_result fab_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint
 
 fab_result fab_dereg_mr(void* comm, void* mhandle) {
   (void)comm; /* the handle knows its domain; NCCL may deregister through either comm */
+  if (FAB_UNLIKELY(is_rails(mhandle, FAB_OBJ_RAILS_MR))) return fab_rails_dereg_mr(mhandle);
   return fab_mr_deregister(mhandle);
-}
-
-/* Whether this post announces profiler events (fab_prof.h): a callback was
- * given, and the comm is not pausing after its starts were declined. */
-static inline int prof_wanted(fab_comm* c) {
-  if (FAB_LIKELY(!fab_prof_active())) return 0;
-  if (c->prof_skip) {
-    c->prof_skip--;
-    return 0;
-  }
-  return 1;
 }
 
 fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                      void** request) {
   if (FAB_UNLIKELY(!request)) return fab_bad_argument("isend", "request", 0, "a non-NULL pointer");
   *request = NULL;
-  fab_comm* c = comm_or_warn(send_comm, FAB_OBJ_SEND, "isend");
-  if (FAB_UNLIKELY(!c)) return FAB_ERR_INTERNAL;
+  fab_comm* c = fab_obj_get(send_comm, FAB_OBJ_SEND);
+  if (FAB_UNLIKELY(!c)) {
+    if (is_rails(send_comm, FAB_OBJ_RAILS_SEND)) return fab_rails_isend(send_comm, data, size, tag, mhandle, phandle, request);
+    comm_warn(send_comm, FAB_OBJ_SEND, "isend");
+    return FAB_ERR_INTERNAL;
+  }
   if (FAB_UNLIKELY(size > c->max_bytes)) {
     FAB_WARN("isend: size %zu exceeds maxP2pBytes %zu of %s; NCCL must split larger transfers", size, c->max_bytes,
              c->dev->name);
@@ -124,7 +135,7 @@ fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mh
   if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   rc = c->ops->isend(c, data, size, tag, mr, request);
   if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return not_now(c, "isend");
-  if (FAB_UNLIKELY(phandle != NULL) && rc == FAB_OK && prof_wanted(c)) fab_prof_posted(*request, &phandle, &size, &tag);
+  if (FAB_UNLIKELY(phandle != NULL) && rc == FAB_OK && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, &phandle, &size, &tag);
   return rc;
 }
 
@@ -132,8 +143,13 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
                      void** phandles, void** request) {
   if (FAB_UNLIKELY(!request)) return fab_bad_argument("irecv", "request", 0, "a non-NULL pointer");
   *request = NULL; /* overwrites NCCL's 0x1 hint too */
-  fab_comm* c = comm_or_warn(recv_comm, FAB_OBJ_RECV, "irecv");
-  if (FAB_UNLIKELY(!c)) return FAB_ERR_INTERNAL;
+  fab_comm* c = fab_obj_get(recv_comm, FAB_OBJ_RECV);
+  if (FAB_UNLIKELY(!c)) {
+    if (is_rails(recv_comm, FAB_OBJ_RAILS_RECV))
+      return fab_rails_irecv(recv_comm, n, data, sizes, tags, mhandles, phandles, request);
+    comm_warn(recv_comm, FAB_OBJ_RECV, "irecv");
+    return FAB_ERR_INTERNAL;
+  }
   if (FAB_UNLIKELY(n < 1 || n > FAB_MAX_RECVS)) return fab_bad_argument("irecv", "n", n, "1..8 (maxRecvs)");
   if (FAB_UNLIKELY(!data || !sizes || !tags)) return fab_bad_argument("irecv", "data/sizes/tags", 0, "arrays of n");
   if (FAB_UNLIKELY(c->error != FAB_OK)) return fab_comm_failed(c, "irecv");
@@ -150,13 +166,14 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
   }
   fab_result rc = c->ops->irecv(c, n, data, sizes, tags, mrs, request);
   if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return not_now(c, "irecv");
-  if (FAB_UNLIKELY(phandles != NULL) && rc == FAB_OK && prof_wanted(c)) fab_prof_posted(*request, phandles, sizes, tags);
+  if (FAB_UNLIKELY(phandles != NULL) && rc == FAB_OK && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, phandles, sizes, tags);
   return rc;
 }
 
 fab_result fab_iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles, void** request) {
   if (!request) return fab_bad_argument("iflush", "request", 0, "a non-NULL pointer");
   *request = NULL;
+  if (is_rails(recv_comm, FAB_OBJ_RAILS_RECV)) return fab_rails_iflush(recv_comm, n, data, sizes, mhandles, request);
   fab_comm* c = comm_or_warn(recv_comm, FAB_OBJ_RECV, "iflush");
   if (!c) return FAB_ERR_INTERNAL;
   if (n < 1 || n > FAB_MAX_RECVS) return fab_bad_argument("iflush", "n", n, "1..8 (maxRecvs)");
@@ -179,6 +196,7 @@ fab_result fab_test(void* request, int* done, int* sizes) {
   if (FAB_LIKELY((uintptr_t)request >= 4096 && !((uintptr_t)request & 7))) memcpy(&magic, request, sizeof(magic));
   if (FAB_UNLIKELY(magic == FAB_OSREQ_MAGIC))
     return fab_osreq_test(request, done, sizes); /* iwrite / iread (fab_p2p_rma.c, fab_pwin.c) */
+  if (FAB_UNLIKELY(magic == FAB_RREQ_MAGIC)) return fab_rails_test(request, done, sizes); /* several rails */
   fab_req* r = request;
   if (FAB_UNLIKELY(magic != FAB_REQ_MAGIC || r->state != FAB_REQ_ACTIVE)) {
     FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);

@@ -158,7 +158,8 @@ static void fill_properties(fab_device* d, const struct fi_info* fi) {
   p->plane_id = -1;
 }
 
-static int add_device(const struct fi_info* fi, const fab_transport_ops* t) {
+/* rail > 0: the rail-th copy of a device for FABRIC_RAILS ("<name>#<rail>"). */
+static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int rail) {
   int idx = fab_g.nphys;
   if (idx >= FAB_MAX_DEVICES) return -1;
   fab_device* d = calloc(1, sizeof(*d));
@@ -186,6 +187,11 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t) {
   d->write_flags = write_flags(prov);
   d->prov_hash = (uint32_t)fab_fnv1a(FAB_FNV_SEED, prov, strlen(prov));
   snprintf(d->name, sizeof(d->name), "%s", fi->domain_attr->name ? fi->domain_attr->name : prov);
+  if (rail > 0) {
+    size_t used = strlen(d->name);
+    if (used + 4 > sizeof(d->name)) used = sizeof(d->name) - 4;
+    snprintf(d->name + used, sizeof(d->name) - used, "#%d", rail);
+  }
   fill_pci_path(d, fi);
   fill_properties(d, fi);
   fab_g.devs[idx] = d;
@@ -304,6 +310,24 @@ static const char* unfit_reason(const struct fi_info* list, const char* prov, co
   return why;
 }
 
+/* FABRIC_RAILS (tests and benchmarks on one host): every device found is
+ * listed rails - 1 more times; each copy opens its own domain and endpoint,
+ * so copies fused by makeVDevice are rails with their own progress. */
+static void add_rail_copies(const fab_transport_ops* t) {
+  int n = fab_g.nphys;
+  for (int rail = 1; rail < fab_g.params.rails; rail++) {
+    for (int i = 0; i < n; i++) {
+      const fab_device* orig = fab_g.devs[i];
+      if (add_device(orig->info, t, rail) != 0) return;
+      fab_g.devs[fab_g.nphys - 1]->local_only = orig->local_only;
+      fab_g.devs[fab_g.nphys - 1]->ordered_writes = orig->ordered_writes;
+    }
+  }
+  if (fab_g.params.rails > 1)
+    FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "FABRIC_RAILS=%d: %d devices, copies of %d (for tests: fuse copies "
+             "with makeVDevice to get rails on one NIC)", fab_g.params.rails, fab_g.nphys, n);
+}
+
 fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncands) {
   char prov[128];
   if (ncands < 1) return FAB_ERR_INVALID_USAGE; /* fab_transport_candidates WARNed */
@@ -340,10 +364,11 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
   struct fi_info* list = ordered ? ordered : hmem ? hmem : all;
   for (const struct fi_info* fi = list; fi; fi = fi->next) {
     if (strcmp(fi->fabric_attr->prov_name, prov) || reject_reason(fi, t) || already_have(fi)) continue;
-    if (add_device(fi, t) != 0) break;
+    if (add_device(fi, t, 0) != 0) break;
     fab_g.devs[fab_g.nphys - 1]->local_only = remote == NULL;
     fab_g.devs[fab_g.nphys - 1]->ordered_writes = ordered != NULL;
   }
+  add_rail_copies(t);
   const char* unfit = fab_g.nphys == 0 ? unfit_reason(list, prov, t) : NULL;
   if (fab_g.nphys == 0)
     FAB_WARN("provider %s offers no domain that can run transport %s (%s); choose another FABRIC_TRANSPORT or "
@@ -455,9 +480,11 @@ static fab_result check_vprops(const fab_vdevice_props* vp) {
   return FAB_OK;
 }
 
-/* Caller holds the engine lock. In this version traffic of a virtual device
- * runs over its first member only, so it reports that member's speed and
- * PCI path; the rest of the properties are the members' common ground. */
+/* Caller holds the engine lock. A comm on a virtual device runs one rail
+ * per member (fab_rails.c), so the device reports the members' summed speed;
+ * its PCI path and guid are the first member's and its name joins the
+ * members' with '+', as NCCL's own fused IB devices do; the rest of the
+ * properties are the members' common ground. */
 fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out) {
   fab_result rc = check_vprops(vp);
   if (rc != FAB_OK) return rc;
@@ -480,12 +507,12 @@ fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out) {
   d->dom = NULL;
   d->pci_path = first->pci_path ? strdup(first->pci_path) : NULL;
   size_t used = 0;
-  uint64_t guid = FAB_FNV_SEED;
+  long long speed = 0;
   for (int i = 0; i < vp->ndevs; i++) {
     const fab_device* m = fab_g.devs[vp->devs[i]];
     used += (size_t)snprintf(d->name + used, sizeof(d->name) - used, "%s%s", i ? "+" : "", m->name);
     if (used >= sizeof(d->name)) used = sizeof(d->name) - 1;
-    guid = fab_fnv1a(guid, &m->props.guid, sizeof(m->props.guid));
+    speed += m->props.speed_mbps;
     d->props.ptr_support &= m->props.ptr_support;
     if (m->props.max_comms < d->props.max_comms) d->props.max_comms = m->props.max_comms;
     if (m->props.max_p2p_bytes < d->props.max_p2p_bytes) d->props.max_p2p_bytes = m->props.max_p2p_bytes;
@@ -493,13 +520,14 @@ fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out) {
   }
   d->props.name = d->name;
   d->props.pci_path = d->pci_path;
-  d->props.guid = guid;
+  d->props.guid = first->props.guid;
+  d->props.speed_mbps = speed > INT_MAX ? INT_MAX : (int)speed;
   d->props.vprops = *vp;
   for (int i = vp->ndevs; i < FAB_MAX_VDEV_DEVS; i++) d->props.vprops.devs[i] = 0;
   fab_g.devs[idx] = d;
   atomic_store(&fab_g.ndevs, idx + 1);
-  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "virtual device %d = %s (traffic on device %d)", idx, d->name,
-           d->carrier);
+  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "virtual device %d = %s: %d rails, %d Mb/s", idx, d->name, vp->ndevs,
+           d->props.speed_mbps);
   *out = idx;
   return FAB_OK;
 }

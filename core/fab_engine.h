@@ -278,6 +278,7 @@ struct fab_comm {
   size_t max_bytes;
   int mr_local;
   int closing;
+  uint8_t rail; /* its rail in a comm over several (fab_rails.h); 0 otherwise */
   /* the memory handle resolved last (owner thread only), valid while
    * fab_mr_generation has not moved: NCCL sends and receives a connection's
    * steps out of one registered buffer, so this skips the handle lookup */
@@ -296,7 +297,9 @@ struct fab_comm {
   uint32_t req_size;    /* bytes per request, transport area included */
   fab_op answer_op;     /* recv: the accept answer in flight */
   fab_wire_accept answer;
+  uint8_t* answer_rails; /* recv, rail 0 of several: the answer followed by the other rails' handles */
   struct fid_mr* answer_mr;
+  uint8_t* rail_handles; /* send, rail 0 of several: the listener's handles of rails 1.. (from its answer) */
   /* peer liveness (ep lock; ncompl and stall_polls are relaxed counters
    * bumped without it) */
   _Atomic uint64_t ncompl;

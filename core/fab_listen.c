@@ -11,8 +11,9 @@
 
 /* --- listen ----------------------------------------------------------------- */
 
-/* A listener whose handle must fit in cap bytes. */
-static fab_result listen_in(fab_ctx* ctx_handle, int dev, void* handle, size_t cap, void** listen_comm) {
+/* A listener whose handle must fit in cap bytes, for rail `rail` of `rails`. */
+static fab_result listen_in(fab_ctx* ctx_handle, int dev, void* handle, size_t cap, int rails, int rail,
+                           const void* rail_handles, void** listen_comm) {
   if (!listen_comm) return fab_bad_argument("listen", "listenComm", 0, "a non-NULL pointer");
   *listen_comm = NULL;
   if (!handle) return fab_bad_argument("listen", "handle", 0, "a non-NULL handle buffer");
@@ -32,6 +33,17 @@ static fab_result listen_in(fab_ctx* ctx_handle, int dev, void* handle, size_t c
     return FAB_ERR_SYSTEM;
   }
   l->magic = FAB_LISTEN_MAGIC;
+  l->rails = rails;
+  l->rail = rail;
+  if (rail == 0 && rails > 1) {
+    l->rail_handles = malloc((size_t)(rails - 1) * FAB_HANDLE_SIZE);
+    if (!l->rail_handles) {
+      free(l);
+      FAB_WARN("listen: out of memory");
+      return FAB_ERR_SYSTEM;
+    }
+    memcpy(l->rail_handles, rail_handles, (size_t)(rails - 1) * FAB_HANDLE_SIZE);
+  }
   l->ep = ep;
   l->dev = d;
   l->owner = ctx;
@@ -48,6 +60,7 @@ static fab_result listen_in(fab_ctx* ctx_handle, int dev, void* handle, size_t c
   if (rc == FAB_OK) fab_list_push(&ep->listens, &l->node);
   pthread_mutex_unlock(&ep->lock);
   if (rc != FAB_OK) {
+    free(l->rail_handles);
     free(l);
     return rc;
   }
@@ -56,12 +69,13 @@ static fab_result listen_in(fab_ctx* ctx_handle, int dev, void* handle, size_t c
   return FAB_OK;
 }
 
-fab_result fab_listen(fab_ctx* ctx_handle, int dev, void* handle, void** listen_comm) {
-  return listen_in(ctx_handle, dev, handle, FAB_HANDLE_SIZE, listen_comm);
+fab_result fab_conn_listen(fab_ctx* ctx_handle, int dev, void* handle, int rails, int rail, const void* rail_handles,
+                           void** listen_comm) {
+  return listen_in(ctx_handle, dev, handle, FAB_HANDLE_SIZE, rails, rail, rail_handles, listen_comm);
 }
 
 fab_result fab_listen_short(fab_ctx* ctx_handle, int dev, void* handle, void** listen_comm) {
-  return listen_in(ctx_handle, dev, handle, FAB_HANDLE_SIZE_V4, listen_comm);
+  return listen_in(ctx_handle, dev, handle, FAB_HANDLE_SIZE_V4, 1, 0, NULL, listen_comm);
 }
 
 /* --- accept ----------------------------------------------------------------- */
@@ -83,12 +97,18 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
     const fab_transport_ops* theirs = fab_transport_by_id(req->tp.transport);
     FAB_WARN("accept: refused a connection running transport %s: this rank runs %s; set the same FABRIC_TRANSPORT "
              "on every rank", theirs ? theirs->name : "unknown to this build", ep->dev->ops->name);
-    fab_conn_refuse(ep, req, FAB_ACCEPT_TRANSPORT);
+    fab_conn_refuse(ep, req, FAB_ACCEPT_TRANSPORT, 0);
+    return NULL;
+  }
+  if (req->rails != l->rails || req->rail != l->rail) {
+    FAB_WARN("accept on %s: refused a connection over %u rails (rail %u): this rank's device has %d; fuse the same "
+             "number of NICs into the device on every rank", l->dev->name, req->rails, req->rail, l->rails);
+    fab_conn_refuse(ep, req, FAB_ACCEPT_RAILS, l->rails);
     return NULL;
   }
   fab_comm* c = fab_comm_alloc(ep, l->dev, FAB_OBJ_RECV, l->owner, NULL);
   if (!c) {
-    fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_ADDRESS);
+    fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_ADDRESS, 0);
     return NULL;
   }
   c->peer_in_process = fab_ep_addr_in_process(ep, req->addr, req->addr_len);
@@ -114,14 +134,26 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
   if (c->ops->accept_payload) {
     size_t len = 0;
     if (c->ops->accept_payload(c, req->tp.data, req->tp.len, tp.data, sizeof(tp.data), &len) != FAB_OK) {
-      fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_PAYLOAD); /* accept_payload WARNed */
+      fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_PAYLOAD, 0); /* accept_payload WARNed */
       fab_comm_free(c);
       return NULL;
     }
     tp.len = (uint8_t)len;
   }
   fab_op_init(&c->answer_op, answer_done, c, 0);
-  fab_wire_accept_encode(&c->answer, FAB_ACCEPT_OK, req->listen_id, req->connector_id, c->conn_id, &tp);
+  fab_wire_accept_encode(&c->answer, FAB_ACCEPT_OK, req->listen_id, req->connector_id, c->conn_id, &tp, l->rails,
+                         l->rail);
+  if (l->rail_handles) {
+    c->answer_rails = malloc(fab_wire_accept_len(&c->answer));
+    if (!c->answer_rails) {
+      FAB_WARN("accept on %s: out of memory", l->dev->name);
+      fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_ADDRESS, 0);
+      fab_comm_free(c);
+      return NULL;
+    }
+    memcpy(c->answer_rails, &c->answer, sizeof(c->answer));
+    memcpy(c->answer_rails + sizeof(c->answer), l->rail_handles, (size_t)(l->rails - 1) * FAB_HANDLE_SIZE);
+  }
   l->accepting_connector = req->connector_id;
   return c;
 }
@@ -131,13 +163,15 @@ static int accept_answer(fab_listener* l) {
   fab_comm* c = l->accepting;
   fab_endpoint* ep = l->ep;
   void* desc = NULL;
-  if (!c->answer_mr && fab_ep_ctrl_reg(ep, &c->answer, sizeof(c->answer), &c->answer_mr, &desc) != 0) {
+  void* buf = c->answer_rails ? (void*)c->answer_rails : (void*)&c->answer;
+  size_t len = fab_wire_accept_len(&c->answer);
+  if (!c->answer_mr && fab_ep_ctrl_reg(ep, buf, len, &c->answer_mr, &desc) != 0) {
     FAB_WARN("accept: registering the answer buffer on %s failed", ep->dev->name);
     return -1;
   }
   if (c->answer_mr) desc = fi_mr_desc(c->answer_mr);
   atomic_fetch_add(&c->inflight, 1);
-  ssize_t rc = fi_tsend(ep->ep, &c->answer, sizeof(c->answer), desc, c->peer,
+  ssize_t rc = fi_tsend(ep->ep, buf, len, desc, c->peer,
                         fab_tag_accept(&ep->dev->tags, l->accepting_connector), &c->answer_op.ctx);
   if (rc == 0) return 1;
   atomic_fetch_sub(&c->inflight, 1);
@@ -195,8 +229,7 @@ void fab_listen_answer_early(fab_endpoint* ep) {
   }
 }
 
-fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {
-  (void)dev_handle;
+fab_result fab_conn_accept(void* listen_comm, void** recv_comm) {
   if (!recv_comm) return fab_bad_argument("accept", "recvComm", 0, "a non-NULL pointer");
   *recv_comm = NULL;
   fab_listener* l = fab_obj_get(listen_comm, FAB_OBJ_LISTEN);
@@ -225,7 +258,7 @@ fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {
 
 /* --- close ------------------------------------------------------------------ */
 
-fab_result fab_close_listen(void* listen_comm) {
+fab_result fab_conn_close_listen(void* listen_comm) {
   fab_listener* l = fab_obj_remove(listen_comm, FAB_OBJ_LISTEN);
   if (!l) {
     fab_obj_kind k = fab_obj_kind_of(listen_comm);
@@ -242,7 +275,7 @@ fab_result fab_close_listen(void* listen_comm) {
   pthread_mutex_unlock(&ep->lock);
   for (fab_list* n; (n = fab_list_pop(&early));) {
     fab_ready_comm* r = FAB_CONTAINER_OF(n, fab_ready_comm, node);
-    fab_close_recv(r->comm->handle);
+    fab_conn_close_recv(r->comm->handle);
     free(r);
   }
   return FAB_OK;
@@ -266,7 +299,7 @@ int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner) {
 fab_result fab_accept_wait(void* listen_comm, void** recv_comm, void** dev_handle) {
   int64_t until = fab_now_ms() + fab_g.params.connect_timeout_ms;
   for (;;) {
-    fab_result rc = fab_accept(listen_comm, recv_comm, dev_handle);
+    fab_result rc = fab_conn_accept(listen_comm, recv_comm);
     if (rc != FAB_OK || *recv_comm) return rc;
     if (fab_now_ms() > until) {
       FAB_WARN("accept: no peer connected within %d ms; check that the peer is alive and connects with this "

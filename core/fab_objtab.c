@@ -94,6 +94,10 @@ const char* fab_obj_kind_name(fab_obj_kind kind) {
     case FAB_OBJ_COLL: return "RMA collective comm";
     case FAB_OBJ_COLL_CTX: return "RMA context";
     case FAB_OBJ_COLL_WIN: return "symmetric memory handle";
+    case FAB_OBJ_RAILS_LISTEN: return "listen comm (several rails)";
+    case FAB_OBJ_RAILS_SEND: return "send comm (several rails)";
+    case FAB_OBJ_RAILS_RECV: return "recv comm (several rails)";
+    case FAB_OBJ_RAILS_MR: return "memory handle (several rails)";
     default: return "unknown handle";
   }
 }

@@ -29,6 +29,7 @@ static void describe(fab_comm* c, fab_req* r, int sub, uint64_t size, int tag, f
   e->op = r->type == FAB_REQ_SEND ? FAB_PROF_OP_SEND : FAB_PROF_OP_RECV;
   e->transport = c->ops->id == FAB_TRANSPORT_RDMA ? FAB_PROF_TRANSPORT_RDMA : FAB_PROF_TRANSPORT_SENDRECV;
   e->path = c->ops->prof_path ? c->ops->prof_path(r, sub) : FAB_PROF_PATH_MESSAGE;
+  e->rail = c->rail;
   e->tag = tag;
   e->size = size;
   e->conn_id = c->conn_id;

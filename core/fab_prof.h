@@ -84,4 +84,16 @@ static inline fab_profiler_fn fab_prof_active(void) {
   return atomic_load_explicit(&fab_prof_fn, memory_order_relaxed);
 }
 
+/* Whether a post on a comm announces profiler events: a callback was given,
+ * and the comm is not pausing after its starts were declined (its
+ * prof_skip). Owner thread. */
+static inline int fab_prof_wanted(uint32_t* prof_skip) {
+  if (__builtin_expect(!fab_prof_active(), 1)) return 0;
+  if (*prof_skip) {
+    (*prof_skip)--;
+    return 0;
+  }
+  return 1;
+}
+
 #endif

@@ -75,8 +75,10 @@ int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, siz
 }
 
 void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t connector_id, const void* addr,
-                             size_t addr_len, const fab_wire_tp* tp) {
+                             size_t addr_len, const fab_wire_tp* tp, int rails, int rail) {
   memset(m, 0, sizeof(*m));
+  m->rails = (uint8_t)rails;
+  m->rail = (uint8_t)rail;
   m->magic = FAB_CONNECT_MAGIC;
   m->version = FAB_WIRE_VERSION;
   m->addr_len = (uint16_t)(addr_len <= FAB_ADDR_MAX ? addr_len : 0);
@@ -110,13 +112,19 @@ int fab_wire_connect_decode(const void* buf, size_t len, fab_wire_connect* out, 
     WHY("connect request transport data of %u bytes (at most %d)", m.tp.len, FAB_TP_MAX);
     return -1;
   }
+  if (m.rails < 1 || m.rails > FAB_MAX_RAILS || m.rail >= m.rails) {
+    WHY("connect request for rail %u of %u (1..%d rails)", m.rail, m.rails, FAB_MAX_RAILS);
+    return -1;
+  }
   *out = m;
   return 0;
 }
 
 void fab_wire_accept_encode(fab_wire_accept* m, uint16_t status, uint64_t listen_id, uint32_t connector_id,
-                            uint32_t conn_id, const fab_wire_tp* tp) {
+                            uint32_t conn_id, const fab_wire_tp* tp, int rails, int rail) {
   memset(m, 0, sizeof(*m));
+  m->rails = (uint8_t)rails;
+  m->rail = (uint8_t)rail;
   m->magic = FAB_ACCEPT_MAGIC;
   m->version = FAB_WIRE_VERSION;
   m->status = status;
@@ -127,9 +135,14 @@ void fab_wire_accept_encode(fab_wire_accept* m, uint16_t status, uint64_t listen
   SEAL(m);
 }
 
+size_t fab_wire_accept_len(const fab_wire_accept* m) {
+  int handles = m->status == FAB_ACCEPT_OK && m->rail == 0 && m->rails > 1 ? m->rails - 1 : 0;
+  return sizeof(*m) + (size_t)handles * FAB_HANDLE_SIZE;
+}
+
 int fab_wire_accept_decode(const void* buf, size_t len, fab_wire_accept* out, char* why, size_t why_len) {
-  if (len != sizeof(fab_wire_accept)) {
-    WHY("answer of %zu bytes, expected %zu", len, sizeof(fab_wire_accept));
+  if (len < sizeof(fab_wire_accept)) {
+    WHY("answer of %zu bytes, expected at least %zu", len, sizeof(fab_wire_accept));
     return -1;
   }
   fab_wire_accept m;
@@ -150,6 +163,14 @@ int fab_wire_accept_decode(const void* buf, size_t len, fab_wire_accept* out, ch
     WHY("answer with transport data of %u bytes (at most %d)", m.tp.len, FAB_TP_MAX);
     return -1;
   }
+  if (m.rails < 1 || m.rails > FAB_MAX_RAILS || m.rail >= m.rails) {
+    WHY("answer for rail %u of %u (1..%d rails)", m.rail, m.rails, FAB_MAX_RAILS);
+    return -1;
+  }
+  if (len != fab_wire_accept_len(&m)) {
+    WHY("answer of %zu bytes, expected %zu for rail %u of %u", len, fab_wire_accept_len(&m), m.rail, m.rails);
+    return -1;
+  }
   *out = m;
   return 0;
 }
@@ -162,6 +183,8 @@ const char* fab_wire_status_str(unsigned status) {
     case FAB_ACCEPT_TRANSPORT:
       return "the listener runs another transport; set the same FABRIC_TRANSPORT (and provider) on every rank";
     case FAB_ACCEPT_BAD_PAYLOAD: return "the listener's transport refused this connection's data (see its log)";
+    case FAB_ACCEPT_RAILS:
+      return "the listener's device has another number of rails; fuse the same number of NICs on every rank";
     default: return "unknown status";
   }
 }

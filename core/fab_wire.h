@@ -16,11 +16,12 @@
 #include "fab_core.h"
 
 enum {
-  FAB_WIRE_VERSION = 4, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
-                         * offers, and a handle checked over the bytes in use only */
+  FAB_WIRE_VERSION = 5, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
+                         * offers, and a handle checked over the bytes in use only; 5: rails */
   FAB_ADDR_MAX = 104, /* endpoint address bytes that fit in the handle */
   FAB_HANDLE_HEADER = 24, /* the handle's bytes before its address */
   FAB_HANDLE_SIZE_V4 = 64, /* what a 64-byte ABI (Neuron v4) carries of the handle */
+  FAB_MAX_RAILS = 8,       /* rails of one connection: the members of a virtual device */
 };
 
 #define FAB_HANDLE_MAGIC 0x48424146u  /* "FABH" */
@@ -53,7 +54,11 @@ typedef struct fab_wire_tp {
   uint8_t data[FAB_TP_MAX];
 } fab_wire_tp;
 
-/* Connect request, connector -> listener: an untagged message (see tags). */
+/* Connect request, connector -> listener: an untagged message (see tags).
+ * A connection over several rails (a virtual device, fab_rails.c) is one
+ * connection per rail; each request says how many rails the connector's
+ * device has and which one this is, and the listener refuses a count or a
+ * rail that differs from its own. */
 typedef struct fab_wire_connect {
   uint32_t magic;
   uint16_t version;
@@ -61,6 +66,9 @@ typedef struct fab_wire_connect {
   uint64_t listen_id;    /* from the handle */
   uint32_t connector_id; /* where the answer goes: tag fab_tag_accept(connector_id) */
   uint32_t checksum;
+  uint8_t rails;         /* 1..FAB_MAX_RAILS */
+  uint8_t rail;          /* 0..rails-1 */
+  uint8_t reserved[6];
   uint8_t addr[FAB_ADDR_MAX]; /* the connector's endpoint address */
   fab_wire_tp tp;
 } fab_wire_connect;
@@ -71,9 +79,12 @@ enum {
   FAB_ACCEPT_BAD_ADDRESS = 2,
   FAB_ACCEPT_TRANSPORT = 3,   /* the listener runs another transport */
   FAB_ACCEPT_BAD_PAYLOAD = 4, /* the listener's transport refused the connector's data */
+  FAB_ACCEPT_RAILS = 5,       /* the listener's device has another number of rails */
 };
 
-/* Answer, listener -> connector. */
+/* Answer, listener -> connector. The answer of rail 0 of a connection over
+ * rails > 1 is followed by rails - 1 listen handles (fab_wire_handle, each
+ * with its own checksum): where the connector connects rails 1.. next. */
 typedef struct fab_wire_accept {
   uint32_t magic;
   uint16_t version;
@@ -82,9 +93,14 @@ typedef struct fab_wire_accept {
   uint32_t connector_id;
   uint32_t conn_id; /* receiver-assigned connection id: the tag prefix of the data */
   uint32_t checksum;
-  uint32_t reserved;
+  uint8_t rails;    /* the listener's rails */
+  uint8_t rail;
+  uint16_t reserved;
   fab_wire_tp tp;
 } fab_wire_accept;
+
+/* The largest answer: rail 0's with the handles of the other rails. */
+#define FAB_ACCEPT_MAX (sizeof(fab_wire_accept) + (FAB_MAX_RAILS - 1) * FAB_HANDLE_SIZE)
 
 /* A window offer, either end of a connection -> the other: an untagged
  * message like a connect request, into the same receives. It names the
@@ -118,7 +134,7 @@ _Static_assert(offsetof(fab_wire_handle, addr) == FAB_HANDLE_HEADER, "handle hea
 _Static_assert(sizeof(fab_wire_window) == 64, "window offer layout");
 _Static_assert(sizeof(fab_wire_window) <= sizeof(fab_wire_connect), "a window offer fits a connect-request receive");
 _Static_assert(sizeof(fab_wire_tp) == 56, "transport payload layout");
-_Static_assert(sizeof(fab_wire_connect) == 184, "connect message layout");
+_Static_assert(sizeof(fab_wire_connect) == 192, "connect message layout");
 _Static_assert(sizeof(fab_wire_accept) == 88, "accept message layout");
 
 /* Writes a handle into cap bytes (FAB_HANDLE_SIZE at most; the bytes after
@@ -133,12 +149,16 @@ int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, siz
 size_t fab_wire_handle_used(const void* buf);
 
 void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t connector_id, const void* addr,
-                             size_t addr_len, const fab_wire_tp* tp);
+                             size_t addr_len, const fab_wire_tp* tp, int rails, int rail);
 int fab_wire_connect_decode(const void* buf, size_t len, fab_wire_connect* out, char* why, size_t why_len);
 
 /* tp may be NULL (a refusal). */
 void fab_wire_accept_encode(fab_wire_accept* m, uint16_t status, uint64_t listen_id, uint32_t connector_id,
-                            uint32_t conn_id, const fab_wire_tp* tp);
+                            uint32_t conn_id, const fab_wire_tp* tp, int rails, int rail);
+/* The answer's length: with the other rails' handles after it on rail 0. */
+size_t fab_wire_accept_len(const fab_wire_accept* m);
+/* Checks len against what the answer says follows it (the handles are
+ * checked when decoded, fab_wire_handle_decode). */
 int fab_wire_accept_decode(const void* buf, size_t len, fab_wire_accept* out, char* why, size_t why_len);
 
 const char* fab_wire_status_str(unsigned status);

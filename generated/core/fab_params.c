@@ -19,6 +19,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->cq_read_count = 16;
   params->peer_timeout_ms = 30000;
   params->local_send_endpoints = 16;
+  params->rails = 1;
   snprintf(params->transport, sizeof params->transport, "%s", "auto");
   params->delivery_complete = -1;
   params->gpu_memory = -1;
@@ -152,6 +153,19 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->local_send_endpoints = (int)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_RAILS")) != NULL) {
+    long long v;
+    if (parse_int(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_RAILS=%s is not an integer; using 1", s);
+      bad++;
+    } else if (v < 1 || v > 8) {
+      complain(errbuf, errbuf_size, "FABRIC_RAILS=%s is outside %d..%d; using 1", s, 1, 8);
+      bad++;
+    } else {
+      params->rails = (int)v;
     }
   }
 

@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 10
+#define FAB_PARAM_COUNT 11
 
 typedef struct fab_params fab_params;
 
@@ -31,6 +31,8 @@ struct fab_params {
   int peer_timeout_ms;
   /* FABRIC_LOCAL_SEND_ENDPOINTS: On intra-host providers (no FI_REMOTE_COMM, i.e. shm): how many send comms per device (all contexts together) may have an endpoint of their own at a time. The first send comm to a peer uses the device's endpoint; a further one to the same peer gets its own, so that one comm's large send whose receive is not posted yet cannot hold up another comm's sends (shm orders an endpoint's sends per peer). Beyond this many, send comms share the device's endpoint. shm maps at most 256 peer endpoints per endpoint, so with many local processes connecting to each other keep (processes - 1) x (this + 1) under 256. */
   int local_send_endpoints;
+  /* FABRIC_RAILS: For tests and benchmarks on one host only: list each physical device this many times, each copy with its own domain, endpoint and completion queue, so that a virtual device fused from copies (makeVDevice) has several rails over one NIC. NCCL would take the copies for separate NICs: leave it at 1 in production. */
+  int rails;
   /* FABRIC_TRANSPORT: How NCCL messages move: `rdma` (the receiver announces each buffer and the sender writes into it with RMA; needs FI_RMA and remote CQ data), `sendrecv` (tagged messages; any RDM provider), or `auto` (rdma where the provider offers what it needs, else sendrecv). Both ends of a connection must use the same transport: a mismatch is refused at connect with a WARN. */
   char transport[FAB_PARAM_STRING_MAX];
   /* FABRIC_DELIVERY_COMPLETE: Whether a write completes only once the peer holds its data (FI_DELIVERY_COMPLETE). -1 (the default): on providers whose writes otherwise complete when they enter a kernel socket (tcp, sockets), where closing right after could drop them and hang the peer's receive; 1: always (the provider must support it); 0: never (local completion; a sender must not close while its peer may still be receiving). */

@@ -73,6 +73,8 @@ typedef struct nb_xport_opts {
   int nccl_profiler;     /* drive the plugin as NCCL does with no profiler loaded: a callback that returns at
                           * once, and a parent handle with every isend and irecv (nb_plugin.c) */
   int mem;               /* NB_MEM_*: the buffers' kind (registered as such) */
+  int rails;             /* > 1: the plugin runs on a virtual device fusing that many copies of device 0
+                          * (FABRIC_RAILS, set by netbench when unset) */
 } nb_xport_opts;
 
 int nb_raw_open(nb_xport* x, const nb_xport_opts* o);

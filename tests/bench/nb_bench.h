@@ -40,6 +40,7 @@ typedef struct {
   char provider[64];
   int version;
   int dev;
+  int rails;          /* --rails */
   int modes;          /* bit per mode */
   int tests;
   int reps;

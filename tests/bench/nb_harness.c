@@ -248,7 +248,8 @@ void xport_open(int m) {
                      .raw_hints = cfg.raw_hints,
                      .raw_rma = cfg.raw_rma,
                      .nccl_profiler = cfg.nccl_profiler,
-                     .mem = cfg.mem};
+                     .mem = cfg.mem,
+                     .rails = cfg.rails};
   memset(&modes[m], 0, sizeof(modes[m]));
   if (m == M_RAW) {
     nb_raw_open(&modes[m].x, &o);

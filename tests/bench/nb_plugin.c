@@ -179,6 +179,20 @@ static const nb_ops plugin_ops = {
     .fini = p_fini,
 };
 
+/* The virtual device of o->rails copies of device 0 (FABRIC_RAILS lists
+ * every device that many times: copy k of device 0 is k * ndev / copies). */
+static int fuse_copies(plug_state* p, const nb_xport_opts* o, int ndev) {
+  const char* env = getenv("FABRIC_RAILS");
+  int copies = env ? atoi(env) : 1;
+  if (!p->api.make_vdevice) nb_die("--rails: %s has no makeVDevice (net v9+)", p->sym[0] ? p->sym : "the table");
+  if (copies < o->rails || ndev % copies) nb_die("--rails %d: FABRIC_RAILS=%d lists too few copies", o->rails, copies);
+  fab_vdevice_props vp = {.ndevs = o->rails};
+  for (int k = 0; k < o->rails; k++) vp.devs[k] = k * (ndev / copies);
+  int d = -1;
+  if (p->api.make_vdevice(&d, &vp)) nb_die("--rails %d: makeVDevice failed", o->rails);
+  return d;
+}
+
 int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   plug_state* p = calloc(1, sizeof(*p));
   plugin_verbose = o->verbose;
@@ -231,11 +245,15 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   p->nccl_profiler = o->nccl_profiler;
   p->mem_type = o->mem == NB_MEM_HOST ? FAB_PTR_HOST : FAB_PTR_CUDA;
   p->dmabuf = o->mem == NB_MEM_DMABUF;
+  char rails_env[8];
+  snprintf(rails_env, sizeof(rails_env), "%d", o->rails);
+  if (o->rails > 1) setenv("FABRIC_RAILS", rails_env, 0);
   int rc = p->api.init(&p->ctx, 0x6e6574626e63ull, &conf, plug_logger, o->nccl_profiler ? nccl_profiler_absent : NULL);
   if (rc) nb_die("plugin %s: init failed (%d)", o->plugin, rc);
   int ndev = 0;
   if (p->api.devices(&ndev) || ndev <= 0) nb_die("plugin %s: no devices", o->plugin);
   if (p->dev >= ndev) nb_die("plugin %s: --dev %d but only %d devices", o->plugin, p->dev, ndev);
+  if (o->rails > 1) p->dev = fuse_copies(p, o, ndev);
   fab_properties props;
   memset(&props, 0, sizeof(props));
   if (p->api.get_properties(p->dev, &props)) nb_die("plugin: getProperties(%d) failed", p->dev);

@@ -268,6 +268,8 @@ static void usage(FILE* f) {
           "  --setup-comms N      comms for the setup test (default 256)\n"
           "  --mem-comms N        comms for the memory test (default 256)\n"
           "  --dev N              plugin device (default 0)\n"
+          "  --rails N            plugin only: run on a virtual device fusing N copies of device 0, each with its\n"
+          "                       own endpoint (sets FABRIC_RAILS=N unless set; for one host, see docs/params.md)\n"
           "  --cpus A[,B]         pin rank 0 to CPU A and rank 1 to CPU B (one host), or this rank to A\n"
           "                       (two hosts); steadier latency on hosts with many cores or SMT\n"
           "  --raw-hints KIND     raw mode's fi_getinfo hints: plugin (default: the plugin's set, FI_HMEM\n"
@@ -379,7 +381,7 @@ int main(int argc, char** argv) {
   snprintf(plugin_path, sizeof(plugin_path), "%s", env_plugin ? env_plugin : "libnccl-net-fabric.so");
   enum { O_PLUGIN = 256, O_VERSION, O_PROVIDER, O_MODES, O_TESTS, O_REPS, O_SMOKE, O_SERVER, O_CONNECT, O_CSV,
          O_LATSIZES, O_LATITERS, O_BWSIZES, O_WINDOW, O_BWBYTES, O_MAXMEM, O_RATESIZE, O_RATEWIN, O_RATEMSGS,
-         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_NCCL_PROF, O_MEM, O_HELP };
+         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_NCCL_PROF, O_MEM, O_RAILS, O_HELP };
   static const struct option lo[] = {
       {"plugin", 1, 0, O_PLUGIN}, {"version", 1, 0, O_VERSION}, {"provider", 1, 0, O_PROVIDER},
       {"modes", 1, 0, O_MODES}, {"tests", 1, 0, O_TESTS}, {"reps", 1, 0, O_REPS}, {"smoke", 0, 0, O_SMOKE},
@@ -389,7 +391,7 @@ int main(int argc, char** argv) {
       {"rate-size", 1, 0, O_RATESIZE}, {"rate-window", 1, 0, O_RATEWIN}, {"rate-msgs", 1, 0, O_RATEMSGS},
       {"setup-comms", 1, 0, O_SETUP}, {"mem-comms", 1, 0, O_MEMCOMMS}, {"dev", 1, 0, O_DEV},
       {"raw-hints", 1, 0, O_MINHINTS}, {"cpus", 1, 0, O_CPUS}, {"plugin-b", 1, 0, O_PLUGIN_B}, {"env-b", 1, 0, O_ENV_B}, {"raw-rma", 0, 0, O_RAW_RMA}, {"nccl-profiler", 0, 0, O_NCCL_PROF},
-      {"mem", 1, 0, O_MEM}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+      {"mem", 1, 0, O_MEM}, {"rails", 1, 0, O_RAILS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
   /* Sizes given on the command line win over --smoke's. */
   char lat_arg[512] = "", bw_arg[512] = "";
   int cpus[2] = {-1, -1}, modes_set = 0;
@@ -436,6 +438,10 @@ int main(int argc, char** argv) {
       case O_SETUP: cfg.setup_comms = atoi(optarg); break;
       case O_MEMCOMMS: cfg.mem_comms = atoi(optarg); break;
       case O_DEV: cfg.dev = atoi(optarg); break;
+      case O_RAILS:
+        cfg.rails = atoi(optarg);
+        if (cfg.rails < 1 || cfg.rails > 8) nb_die("--rails wants 1..8");
+        break;
       case O_PLUGIN_B: snprintf(plugin_b_path, sizeof(plugin_b_path), "%s", optarg); break;
       case O_RAW_RMA: cfg.raw_rma = 1; break;
       case O_NCCL_PROF: cfg.nccl_profiler = 1; break;

@@ -17,12 +17,14 @@ import sys
 # file stem -> floor; a header's inline functions belong to the floor of the
 # file of the same stem (fab_engine.h: the provider layer's shared types).
 FLOORS = {
-    "helpers": (0, ["fab_util", "fab_log", "fab_objtab", "fab_pool", "fab_wire", "fab_cuda", "fab_params"]),
+    "helpers": (0, ["fab_util", "fab_log", "fab_objtab", "fab_pool", "fab_wire", "fab_cuda", "fab_params",
+                    "fab_tagmap"]),
     "provider": (1, ["fab_engine", "fab_device", "fab_mr", "fab_endpoint", "fab_ep_local", "fab_rma", "fab_req", "fab_peer", "fab_signals",
                  "fab_prof", "fab_pwin"]),
-    "transports": (2, ["fab_transport", "sr", "rd", "rd_send", "rd_recv", "rd_common", "rd_proto", "rd_eager", "rd_tagmap"]),
+    "transports": (2, ["fab_transport", "sr", "rd", "rd_send", "rd_recv", "rd_common", "rd_proto", "rd_eager"]),
     "connections": (3, ["fab_conn", "fab_ctx", "fab_conn_ep", "fab_ctrl", "fab_listen", "fab_connect", "fab_comm"]),
-    "api": (4, ["fab_plugin", "fab_data", "fab_api_core", "fab_api", "fab_core", "fab_coll", "fab_coll_ops",
+    "rails": (4, ["fab_rails", "fab_rails_data"]),
+    "api": (5, ["fab_plugin", "fab_data", "fab_api_core", "fab_api", "fab_core", "fab_coll", "fab_coll_ops",
                 "fab_coll_xchg", "fab_coll_api", "fab_p2p_rma"]),
 }
 FLOOR_OF = {stem: (level, name) for name, (level, stems) in FLOORS.items() for stem in stems}

@@ -158,7 +158,7 @@ Test(wire, connect_and_accept_messages) {
   unsigned char addr[24] = {9, 8, 7};
   char why[160];
   fab_wire_tp tp = {.comm_id = 42, .transport = 2, .len = 3, .data = {1, 2, 3}};
-  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp);
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 1, 0);
   cr_assert_eq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "%s", why);
   cr_assert_eq(cd.tp.comm_id, 42);
   cr_assert_eq(cd.tp.transport, 2);
@@ -171,23 +171,56 @@ Test(wire, connect_and_accept_messages) {
   ((unsigned char*)&c)[40] ^= 4;
   cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "corrupted message");
   tp.len = FAB_TP_MAX + 1; /* a sealed message whose payload length overruns its buffer */
-  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp);
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 1, 0);
   cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "payload length out of range");
   tp.len = 3;
 
   fab_wire_accept a, ad;
-  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 123, &tp);
+  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 123, &tp, 1, 0);
   cr_assert_eq(fab_wire_accept_decode(&a, sizeof(a), &ad, why, sizeof(why)), 0, "%s", why);
   cr_assert_eq(ad.conn_id, 123);
   cr_assert_eq(ad.tp.comm_id, 42);
   tp.len = FAB_TP_MAX + 1;
-  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 123, &tp);
+  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 123, &tp, 1, 0);
   cr_assert_neq(fab_wire_accept_decode(&a, sizeof(a), &ad, why, sizeof(why)), 0, "payload length out of range");
-  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 0, NULL);
+  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 0, NULL, 1, 0);
   cr_assert_neq(fab_wire_accept_decode(&a, sizeof(a), &ad, why, sizeof(why)), 0, "connection id 0 is invalid");
-  fab_wire_accept_encode(&a, FAB_ACCEPT_NO_LISTENER, 77, 5, 0, NULL);
+  fab_wire_accept_encode(&a, FAB_ACCEPT_NO_LISTENER, 77, 5, 0, NULL, 1, 0);
   cr_assert_eq(fab_wire_accept_decode(&a, sizeof(a), &ad, why, sizeof(why)), 0, "a refusal carries no id");
   cr_assert_neq(fab_wire_accept_decode(&a, 0, &ad, why, sizeof(why)), 0);
+}
+
+/* Rails: a request names its rail count and rail; rail 0's answer over
+ * several rails is followed by the other rails' handles, and its length
+ * must say so. */
+Test(wire, rails_in_connect_and_accept) {
+  fab_wire_connect c, cd;
+  unsigned char addr[24] = {9, 8, 7};
+  char why[160];
+  fab_wire_tp tp = {.comm_id = 42, .transport = 2};
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 4, 3);
+  cr_assert_eq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "%s", why);
+  cr_assert(cd.rails == 4 && cd.rail == 3);
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 2, 2);
+  cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "rail 2 of 2");
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, FAB_MAX_RAILS + 1, 0);
+  cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "too many rails");
+
+  unsigned char buf[FAB_ACCEPT_MAX];
+  fab_wire_accept a, ad;
+  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 123, &tp, 3, 0);
+  cr_assert_eq(fab_wire_accept_len(&a), sizeof(a) + 2 * FAB_HANDLE_SIZE);
+  memcpy(buf, &a, sizeof(a));
+  cr_assert_eq(fab_wire_accept_decode(buf, sizeof(a) + 2 * FAB_HANDLE_SIZE, &ad, why, sizeof(why)), 0, "%s", why);
+  cr_assert(ad.rails == 3 && ad.rail == 0);
+  cr_assert_neq(fab_wire_accept_decode(buf, sizeof(a) + FAB_HANDLE_SIZE, &ad, why, sizeof(why)), 0,
+                "one handle short");
+  cr_assert_neq(fab_wire_accept_decode(buf, sizeof(a), &ad, why, sizeof(why)), 0, "no handles");
+  fab_wire_accept_encode(&a, FAB_ACCEPT_OK, 77, 5, 123, &tp, 3, 1);
+  cr_assert_eq(fab_wire_accept_len(&a), sizeof(a), "rail 1's answer carries no handles");
+  fab_wire_accept_encode(&a, FAB_ACCEPT_RAILS, 77, 5, 0, NULL, 3, 0);
+  cr_assert_eq(fab_wire_accept_decode(&a, sizeof(a), &ad, why, sizeof(why)), 0, "a refusal carries no handles");
+  cr_assert_eq(ad.rails, 3);
 }
 
 /* --- tags ------------------------------------------------------------------------- */

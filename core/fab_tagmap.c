@@ -1,20 +1,20 @@
-#include "rd_tagmap.h"
+#include "fab_tagmap.h"
 
 #include <stdlib.h>
 
 static uint32_t hash(int32_t tag, uint32_t cap) { return ((uint32_t)tag * 2654435761u) & (cap - 1); }
 
-static rd_tagent* find(const rd_tagmap* m, int32_t tag) {
+static fab_tagent* find(const fab_tagmap* m, int32_t tag) {
   if (!m->cap) return NULL;
   for (uint32_t i = hash(tag, m->cap);; i = (i + 1) & (m->cap - 1)) {
-    rd_tagent* e = &m->e[i];
+    fab_tagent* e = &m->e[i];
     if (!e->used || e->tag == tag) return e;
   }
 }
 
-static int grow(rd_tagmap* m) {
+static int grow(fab_tagmap* m) {
   uint32_t cap = m->cap ? m->cap * 2 : 16;
-  rd_tagent* old = m->e;
+  fab_tagent* old = m->e;
   uint32_t old_cap = m->cap;
   m->e = calloc(cap, sizeof(*m->e));
   if (!m->e) {
@@ -28,9 +28,9 @@ static int grow(rd_tagmap* m) {
   return 0;
 }
 
-int64_t rd_tagmap_take(rd_tagmap* m, int32_t tag) {
+int64_t fab_tagmap_take(fab_tagmap* m, int32_t tag) {
   if ((m->n + 1) * 2 > m->cap && grow(m) != 0) return -1;
-  rd_tagent* e = find(m, tag);
+  fab_tagent* e = find(m, tag);
   if (!e->used) {
     e->used = 1;
     e->tag = tag;
@@ -40,12 +40,17 @@ int64_t rd_tagmap_take(rd_tagmap* m, int32_t tag) {
   return e->next++;
 }
 
-uint32_t rd_tagmap_peek(const rd_tagmap* m, int32_t tag) {
-  const rd_tagent* e = find(m, tag);
+void fab_tagmap_untake(fab_tagmap* m, int32_t tag) {
+  fab_tagent* e = find(m, tag);
+  if (e && e->used && e->next > 0) e->next--;
+}
+
+uint32_t fab_tagmap_peek(const fab_tagmap* m, int32_t tag) {
+  const fab_tagent* e = find(m, tag);
   return e && e->used ? e->next : 0;
 }
 
-void rd_tagmap_free(rd_tagmap* m) {
+void fab_tagmap_free(fab_tagmap* m) {
   free(m->e);
   m->e = NULL;
   m->cap = m->n = 0;

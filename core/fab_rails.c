@@ -1,0 +1,290 @@
+/*
+ * The public listen, connect, accept and close calls: a virtual device of
+ * several members gets one single-rail comm per member (see fab_rails.h);
+ * every other device goes straight to the single-rail handshake (fab_conn_*).
+ */
+#include "fab_rails.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_conn.h"
+
+/* Rails of device dev: its members when it is a virtual device of several,
+ * else 1 (also for a bad index: the single-rail call WARNs about it). */
+static int rails_of(int dev) {
+  if (dev < 0 || dev >= atomic_load(&fab_g.ndevs)) return 1;
+  const fab_device* d = fab_g.devs[dev];
+  return d && !d->physical && d->props.vprops.ndevs > 1 ? d->props.vprops.ndevs : 1;
+}
+
+static void close_members(void** handles, int n, fab_obj_kind kind) {
+  for (int k = 0; k < n; k++) {
+    if (!handles[k]) continue;
+    if (kind == FAB_OBJ_SEND) fab_conn_close_send(handles[k]);
+    else if (kind == FAB_OBJ_RECV) fab_conn_close_recv(handles[k]);
+    else fab_conn_close_listen(handles[k]);
+    handles[k] = NULL;
+  }
+}
+
+/* The comm over rails handles[0..n-1] (member comms of kind SEND or RECV).
+ * Each member learns its rail, and its peer name says it. */
+static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** handles, int n, void** out) {
+  fab_rails_comm* rc = calloc(1, sizeof(*rc));
+  if (!rc) {
+    FAB_WARN("%s: out of memory", member_kind == FAB_OBJ_SEND ? "connect" : "accept");
+    return FAB_ERR_SYSTEM;
+  }
+  rc->magic = FAB_RAILS_MAGIC;
+  rc->kind = member_kind == FAB_OBJ_SEND ? FAB_OBJ_RAILS_SEND : FAB_OBJ_RAILS_RECV;
+  rc->dev = d;
+  rc->n = n;
+  for (int k = 0; k < n; k++) {
+    rc->rail[k] = handles[k];
+    rc->c[k] = fab_obj_get(handles[k], member_kind);
+    rc->c[k]->rail = (uint8_t)k;
+    size_t used = strlen(rc->c[k]->peer_name);
+    snprintf(rc->c[k]->peer_name + used, sizeof(rc->c[k]->peer_name) - used, " (rail %d of %d, %s)", k, n,
+             rc->c[k]->ep->dev->name);
+  }
+  rc->handle = fab_obj_add(rc->kind, rc);
+  if (!rc->handle) {
+    FAB_WARN("%s: handle table full; close unused comms", member_kind == FAB_OBJ_SEND ? "connect" : "accept");
+    free(rc);
+    return FAB_ERR_SYSTEM;
+  }
+  FAB_INFO(FAB_SUBSYS_NET, "%s %s on %s over %d rails", member_kind == FAB_OBJ_SEND ? "connected to" : "accepted",
+           rc->c[0]->peer_name, d->name, n);
+  *out = rc->handle;
+  return FAB_OK;
+}
+
+/* --- listen and accept ------------------------------------------------------- */
+
+static fab_result rails_listen(fab_ctx* ctx, fab_device* d, void* handle, void** listen_comm) {
+  fab_rails_listen* l = calloc(1, sizeof(*l));
+  if (!l) {
+    FAB_WARN("listen: out of memory");
+    return FAB_ERR_SYSTEM;
+  }
+  l->magic = FAB_RAILS_MAGIC;
+  l->dev = d;
+  l->n = d->props.vprops.ndevs;
+  uint8_t handles[FAB_MAX_RAILS][FAB_HANDLE_SIZE];
+  memset(handles, 0, sizeof(handles));
+  fab_result rc = FAB_OK;
+  for (int k = l->n - 1; k >= 0 && rc == FAB_OK; k--) /* rail 0 last: its answers carry the others' handles */
+    rc = fab_conn_listen(ctx, d->props.vprops.devs[k], k ? handles[k] : handle, l->n, k, handles[1], &l->listen[k]);
+  if (rc == FAB_OK && !(l->handle = fab_obj_add(FAB_OBJ_RAILS_LISTEN, l))) {
+    FAB_WARN("listen: handle table full; close unused comms");
+    rc = FAB_ERR_SYSTEM;
+  }
+  if (rc != FAB_OK) {
+    close_members(l->listen, l->n, FAB_OBJ_LISTEN);
+    free(l);
+    return rc;
+  }
+  *listen_comm = l->handle;
+  return FAB_OK;
+}
+
+/* Rail by rail; rail 0's listen comm closes once rail 0 is accepted, so that
+ * nobody else can get the other rails' handles. */
+static fab_result rails_accept(fab_rails_listen* l, void** recv_comm) {
+  if (l->done) {
+    FAB_WARN("accept: this listen comm of %s already accepted its connection; a comm over several rails is accepted "
+             "once per listen", l->dev->name);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  while (l->naccepted < l->n) {
+    int k = l->naccepted;
+    void* r = NULL;
+    fab_result rc = fab_conn_accept(l->listen[k], &r);
+    if (rc != FAB_OK) {
+      close_members(l->accepted, l->naccepted, FAB_OBJ_RECV);
+      l->naccepted = 0;
+      return rc;
+    }
+    if (!r) return FAB_OK;
+    l->accepted[l->naccepted++] = r;
+    if (k == 0) close_members(&l->listen[0], 1, FAB_OBJ_LISTEN);
+  }
+  fab_result rc = comm_make(l->dev, FAB_OBJ_RECV, l->accepted, l->n, recv_comm);
+  if (rc != FAB_OK) close_members(l->accepted, l->n, FAB_OBJ_RECV);
+  l->naccepted = 0;
+  l->done = 1;
+  return rc;
+}
+
+/* --- connect ------------------------------------------------------------------- */
+
+/* A connect over several rails in progress, found again by the handle buffer
+ * NCCL passes on every retry. */
+typedef struct rails_pending {
+  struct rails_pending* next;
+  fab_ctx* ctx;
+  const void* handle_ptr;
+  uint8_t handle_copy[FAB_HANDLE_SIZE];
+  int64_t deadline_ms;
+  int n, nconnected;
+  void* sends[FAB_MAX_RAILS];
+  uint8_t handles[FAB_MAX_RAILS - 1][FAB_HANDLE_SIZE]; /* rails 1..: from rail 0's answer */
+} rails_pending;
+
+static pthread_mutex_t pending_lock = PTHREAD_MUTEX_INITIALIZER;
+static rails_pending* pending_list;
+
+/* Unlinks p (pending_lock held). */
+static void pending_unlink(rails_pending* p) {
+  for (rails_pending** it = &pending_list; *it; it = &(*it)->next) {
+    if (*it == p) {
+      *it = p->next;
+      return;
+    }
+  }
+}
+
+/* Drops p with whatever rails it connected. */
+static void pending_drop(rails_pending* p) {
+  for (int k = 0; k < p->nconnected; k++)
+    if (fab_obj_kind_of(p->sends[k]) == FAB_OBJ_SEND) fab_conn_close_send(p->sends[k]);
+  free(p);
+}
+
+/* The pending connect of (ctx, handle), or a new one; connects NCCL gave up
+ * on (not retried for twice the connect timeout) are dropped on the way. */
+static rails_pending* pending_get(fab_ctx* ctx, const void* handle, int n) {
+  int64_t now = fab_now_ms();
+  rails_pending* found = NULL;
+  rails_pending* expired = NULL;
+  pthread_mutex_lock(&pending_lock);
+  for (rails_pending *p = pending_list, *next; p; p = next) {
+    next = p->next;
+    if (p->ctx == ctx && p->handle_ptr == handle && !memcmp(p->handle_copy, handle, fab_wire_handle_used(handle))) {
+      found = p;
+    } else if (now > p->deadline_ms) {
+      pending_unlink(p);
+      p->next = expired;
+      expired = p;
+    }
+  }
+  if (!found && (found = calloc(1, sizeof(*found))) != NULL) {
+    found->ctx = ctx;
+    found->handle_ptr = handle;
+    memcpy(found->handle_copy, handle, fab_wire_handle_used(handle));
+    found->n = n;
+    found->deadline_ms = now + 2 * (int64_t)fab_g.params.connect_timeout_ms;
+    found->next = pending_list;
+    pending_list = found;
+  }
+  pthread_mutex_unlock(&pending_lock);
+  while (expired) {
+    rails_pending* p = expired;
+    expired = p->next;
+    pending_drop(p);
+  }
+  return found;
+}
+
+static void pending_done(rails_pending* p, int ok) {
+  pthread_mutex_lock(&pending_lock);
+  pending_unlink(p);
+  pthread_mutex_unlock(&pending_lock);
+  if (ok) free(p);
+  else pending_drop(p);
+}
+
+/* Rail 0's answer brought the handles of the other rails. */
+static fab_result take_rail_handles(rails_pending* p) {
+  fab_comm* c0 = fab_obj_get(p->sends[0], FAB_OBJ_SEND);
+  if (!c0 || !c0->rail_handles) {
+    FAB_WARN("connect over %d rails: the listener's answer on rail 0 carried no handles for the other rails", p->n);
+    return FAB_ERR_REMOTE;
+  }
+  memcpy(p->handles, c0->rail_handles, (size_t)(p->n - 1) * FAB_HANDLE_SIZE);
+  return FAB_OK;
+}
+
+static fab_result rails_connect(fab_ctx* ctx, fab_device* d, const fab_comm_config* config, void* handle,
+                                void** send_comm) {
+  int n = d->props.vprops.ndevs;
+  rails_pending* p = pending_get(ctx, handle, n);
+  if (!p) {
+    FAB_WARN("connect: out of memory");
+    return FAB_ERR_SYSTEM;
+  }
+  fab_result rc = FAB_OK;
+  while (rc == FAB_OK && p->nconnected < n) {
+    int k = p->nconnected;
+    void* s = NULL;
+    rc = fab_conn_connect(ctx, d->props.vprops.devs[k], config, k ? p->handles[k - 1] : handle, n, k, &s);
+    if (rc != FAB_OK || !s) break;
+    p->sends[p->nconnected++] = s;
+    if (k == 0 && n > 1) rc = take_rail_handles(p);
+  }
+  if (rc == FAB_OK && p->nconnected == n) rc = comm_make(d, FAB_OBJ_SEND, p->sends, n, send_comm);
+  if (rc != FAB_OK || *send_comm) pending_done(p, rc == FAB_OK);
+  return rc;
+}
+
+/* --- the public calls ------------------------------------------------------------- */
+
+fab_result fab_listen(fab_ctx* ctx, int dev, void* handle, void** listen_comm) {
+  if (rails_of(dev) == 1 || !listen_comm || !handle) return fab_conn_listen(ctx, dev, handle, 1, 0, NULL, listen_comm);
+  *listen_comm = NULL;
+  if (!fab_ctx_resolve(ctx, "listen")) return FAB_ERR_INVALID_USAGE;
+  return rails_listen(ctx, fab_g.devs[dev], handle, listen_comm);
+}
+
+fab_result fab_connect(fab_ctx* ctx, int dev, const fab_comm_config* config, void* handle, void** send_comm,
+                       void** dev_handle) {
+  (void)dev_handle;
+  if (rails_of(dev) == 1 || !send_comm || !handle) return fab_conn_connect(ctx, dev, config, handle, 1, 0, send_comm);
+  *send_comm = NULL;
+  if (!fab_ctx_resolve(ctx, "connect")) return FAB_ERR_INVALID_USAGE;
+  return rails_connect(ctx, fab_g.devs[dev], config, handle, send_comm);
+}
+
+fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {
+  (void)dev_handle;
+  fab_rails_listen* l = fab_obj_get(listen_comm, FAB_OBJ_RAILS_LISTEN);
+  if (!l || !recv_comm) return fab_conn_accept(listen_comm, recv_comm);
+  *recv_comm = NULL;
+  return rails_accept(l, recv_comm);
+}
+
+fab_result fab_close_listen(void* listen_comm) {
+  fab_rails_listen* l = fab_obj_remove(listen_comm, FAB_OBJ_RAILS_LISTEN);
+  if (!l) return fab_conn_close_listen(listen_comm);
+  close_members(l->listen, l->n, FAB_OBJ_LISTEN);
+  close_members(l->accepted, l->naccepted, FAB_OBJ_RECV);
+  l->magic = 0;
+  free(l);
+  return FAB_OK;
+}
+
+static fab_result close_rails(void* handle, fab_obj_kind kind) {
+  fab_rails_comm* rc = fab_obj_remove(handle, kind);
+  if (!rc) return FAB_ERR_INTERNAL;
+  fab_result result = FAB_OK;
+  for (int k = 0; k < rc->n; k++) {
+    fab_result r = kind == FAB_OBJ_RAILS_SEND ? fab_conn_close_send(rc->rail[k]) : fab_conn_close_recv(rc->rail[k]);
+    if (result == FAB_OK) result = r;
+  }
+  fab_rails_data_free(rc);
+  rc->magic = 0;
+  free(rc);
+  return result;
+}
+
+fab_result fab_close_send(void* send_comm) {
+  if (fab_obj_kind_of(send_comm) != FAB_OBJ_RAILS_SEND) return fab_conn_close_send(send_comm);
+  return close_rails(send_comm, FAB_OBJ_RAILS_SEND);
+}
+
+fab_result fab_close_recv(void* recv_comm) {
+  if (fab_obj_kind_of(recv_comm) != FAB_OBJ_RAILS_RECV) return fab_conn_close_recv(recv_comm);
+  return close_rails(recv_comm, FAB_OBJ_RAILS_RECV);
+}

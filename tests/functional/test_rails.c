@@ -1,0 +1,267 @@
+/*
+ * Comms over several rails (core/fab_rails.h). FABRIC_RAILS=4 (set here
+ * before init) lists every device four times, each copy with its own domain
+ * and endpoint; makeVDevice fuses 2 or 4 copies of device 0 into a device
+ * whose comms run one rail per member. Through every table with makeVDevice
+ * (net v9+) and the core, on both providers and transports; tables without
+ * it check that the copies are devices of their own.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_prof.h"
+#include "ft_criterion.h"
+
+enum { T_MS = 30000, COPIES = 4, NTAGS = 5, PER_TAG = 6 };
+
+static int g_rails_seen; /* bit per rail that carried a started event */
+
+static fab_result note_rail(void** eh, int type, void* phandle, int64_t id, void* ext) {
+  if (type == FAB_PROF_START && ext) g_rails_seen |= 1 << ((const fab_prof_event_v1*)ext)->rail;
+  if (eh && type == FAB_PROF_START) *eh = NULL; /* declined: no stop follows */
+  return FAB_OK;
+}
+
+/* Opens the side with FABRIC_RAILS=COPIES; returns how many devices the
+ * provider itself has (the copies of device d are d + k * that). */
+static int open_with_copies(ft_side* s, ft_peer* peer) {
+  setenv("FABRIC_RAILS", "4", 1);
+  ft_side_open(s, peer, ft_api_selected());
+  int whole = s->ndev / COPIES * COPIES == s->ndev;
+  FT_CHECK(whole, "%d devices with FABRIC_RAILS=%d: expected a multiple", s->ndev, COPIES);
+  return s->ndev / COPIES;
+}
+
+/* The virtual device fusing the first n copies of device 0. */
+static int fuse(ft_side* s, int nphys, int n) {
+  fab_vdevice_props vp = {.ndevs = n};
+  for (int k = 0; k < n; k++) vp.devs[k] = k * nphys;
+  int d = -1;
+  FT_OK(s->api->make_vdevice(&d, &vp));
+  fab_properties p, m;
+  FT_OK(s->api->get_properties(d, &p));
+  FT_OK(s->api->get_properties(0, &m));
+  FT_CHECK(p.speed_mbps == n * m.speed_mbps, "a device of %d rails reports %d Mb/s, its member %d", n, p.speed_mbps,
+           m.speed_mbps);
+  FT_CHECK(p.guid == m.guid, "the fused device's guid is its first member's (as NCCL's fused IB devices)");
+  return d;
+}
+
+/* Posts with a parent handle, as NCCL does (the profiler events name the
+ * rail), retrying while the plugin returns no request. */
+static char g_ph;
+static void* post_send(ft_side* s, void* comm, void* data, size_t len, int tag, void* mh) {
+  void* r = NULL;
+  for (int64_t end = ft_now_ms() + T_MS; !r && ft_now_ms() < end;)
+    FT_OK(s->api->isend(comm, data, len, tag, mh, &g_ph, &r));
+  FT_CHECK(r != NULL, "isend gave no request for %d ms", T_MS);
+  return r;
+}
+
+static void* post_recv(ft_side* s, void* comm, int n, void** data, size_t* cap, int* tags, void** mhs) {
+  void* phs[FAB_MAX_RECVS] = {&g_ph, &g_ph, &g_ph, &g_ph, &g_ph, &g_ph, &g_ph, &g_ph};
+  void* r = NULL;
+  for (int64_t end = ft_now_ms() + T_MS; !r && ft_now_ms() < end;)
+    FT_OK(s->api->irecv(comm, n, data, cap, tags, mhs, phs, &r));
+  FT_CHECK(r != NULL, "irecv gave no request for %d ms", T_MS);
+  return r;
+}
+
+/* PER_TAG messages on each of NTAGS tags both ways, sizes cycling through
+ * 0 B .. 1 MiB, posted a tag's worth at a time; every byte checked. */
+static void stream(ft_side* s, ft_conn* c) {
+  static const size_t sizes[] = {0, 1, 4096, 65539, 1 << 20, 8};
+  enum { N = NTAGS * PER_TAG, MAX = 1 << 20 };
+  ft_mr sm, rm;
+  ft_mr_alloc(s, &sm, c->send_comm, (size_t)N * MAX);
+  ft_mr_alloc(s, &rm, c->recv_comm, (size_t)N * MAX);
+  void* reqs[2 * N];
+  int nreq = 0;
+  for (int k = 0; k < PER_TAG; k++) {
+    for (int t = 0; t < NTAGS; t++) {
+      int i = k * NTAGS + t;
+      char* sb = (char*)sm.buf + (size_t)i * MAX;
+      char* rb = (char*)rm.buf + (size_t)i * MAX;
+      size_t len = sizes[(k + t) % 6];
+      ft_fill(sb, len, 1000 + (uint64_t)i);
+      size_t cap = MAX;
+      int tag = 100 + t;
+      reqs[nreq++] = post_recv(s, c->recv_comm, 1, (void**)&rb, &cap, &tag, &rm.mh);
+      reqs[nreq++] = post_send(s, c->send_comm, sb, len, tag, sm.mh);
+    }
+  }
+  int got[2 * N][FAB_MAX_RECVS];
+  ft_wait_all(s, reqs, nreq, &got[0][0], FAB_MAX_RECVS, T_MS, "a stream over rails");
+  for (int k = 0; k < PER_TAG; k++) {
+    for (int t = 0; t < NTAGS; t++) {
+      int i = k * NTAGS + t;
+      size_t len = sizes[(k + t) % 6];
+      FT_CHECK(got[2 * i][0] == (int)len, "message %d of tag %d: %d bytes received, %zu sent", k, 100 + t,
+               got[2 * i][0], len);
+      ft_verify_or_fail((char*)rm.buf + (size_t)i * MAX, len, 1000 + (uint64_t)i, "a message over rails");
+    }
+  }
+  ft_mr_free(s, &sm);
+  ft_mr_free(s, &rm);
+}
+
+/* A grouped receive of three tags, which fall on different rails; twice,
+ * so the second lands on others again. */
+static void grouped(ft_side* s, ft_conn* c) {
+  if (s->props.max_recvs < 3) return;
+  enum { LEN = 300000 };
+  ft_mr sm, rm;
+  ft_mr_alloc(s, &sm, c->send_comm, 3 * LEN);
+  ft_mr_alloc(s, &rm, c->recv_comm, 3 * LEN);
+  for (int round = 0; round < 2; round++) {
+    void* d[3];
+    size_t cap[3];
+    int tags[3] = {7, 8, 9};
+    void* mhs[3] = {rm.mh, rm.mh, rm.mh};
+    void* reqs[4];
+    for (int i = 0; i < 3; i++) {
+      d[i] = (char*)rm.buf + (size_t)i * LEN;
+      cap[i] = LEN;
+      ft_fill((char*)sm.buf + (size_t)i * LEN, LEN - (size_t)i, 50 + (uint64_t)(round * 3 + i));
+    }
+    reqs[0] = post_recv(s, c->recv_comm, 3, d, cap, tags, mhs);
+    for (int i = 0; i < 3; i++)
+      reqs[1 + i] = post_send(s, c->send_comm, (char*)sm.buf + (size_t)i * LEN, LEN - (size_t)i, tags[i], sm.mh);
+    int got[4][FAB_MAX_RECVS];
+    ft_wait_all(s, reqs, 4, &got[0][0], FAB_MAX_RECVS, T_MS, "a grouped receive over rails");
+    for (int i = 0; i < 3; i++) {
+      FT_CHECK(got[0][i] == LEN - i, "buffer %d of the grouped receive: %d bytes, expected %d", i, got[0][i], LEN - i);
+      ft_verify_or_fail(d[i], LEN - (size_t)i, 50 + (uint64_t)(round * 3 + i), "a grouped receive over rails");
+    }
+  }
+  ft_mr_free(s, &sm);
+  ft_mr_free(s, &rm);
+}
+
+FT_PAIR_TEST(rails_transfers, 120) {
+  ft_side s;
+  int nphys = open_with_copies(&s, peer);
+  int profiled = ft_net_since(&s.lib, 10);
+  fab_ctx* ctx2 = NULL;
+  if (profiled) FT_OK(s.api->init(&ctx2, 0x7a11, &s.config, ft_logger, note_rail));
+  if (!s.api->make_vdevice) { /* no fused devices before net v9: a copy is a device of its own */
+    s.dev = nphys;
+    ft_conn c;
+    ft_connect_all(&s, &c, 1, T_MS);
+    stream(&s, &c);
+    ft_sync(peer, "copy", T_MS);
+    ft_close_all(&s, &c, 1);
+  }
+  for (int n = 2; s.api->make_vdevice && n <= COPIES; n += 2) {
+    s.dev = fuse(&s, nphys, n);
+    FT_OK(s.api->get_properties(s.dev, &s.props));
+    ft_conn c;
+    ft_connect_all(&s, &c, 1, T_MS);
+    g_rails_seen = 0;
+    stream(&s, &c);
+    grouped(&s, &c);
+    if (profiled)
+      FT_CHECK(g_rails_seen == (1 << n) - 1, "the operations ran on rails 0x%x of a device of %d", g_rails_seen, n);
+    ft_sync(peer, "rails", T_MS);
+    ft_close_all(&s, &c, 1);
+  }
+  if (ctx2 && s.api->finalize) FT_OK(s.api->finalize(ctx2));
+  ft_side_close(&s);
+}
+
+/* One rank fuses two copies, the other four: the connector's request is
+ * refused, and each end says why in one WARN, never a hang. */
+FT_PAIR_TEST(rails_count_mismatch, 60) {
+  ft_side s;
+  int nphys = open_with_copies(&s, peer);
+  if (!s.api->make_vdevice) {
+    ft_side_close(&s);
+    return;
+  }
+  int parent = ft_role() == FT_PARENT;
+  int dev = fuse(&s, nphys, parent ? 2 : 4);
+  unsigned char h[FAB_HANDLE_SIZE], ph[FAB_HANDLE_SIZE];
+  void* l = NULL;
+  FT_OK(s.api->listen(s.ctx, dev, h, &l));
+  ft_xchg(peer, "handles", h, ph, sizeof(h), T_MS);
+  int w0 = ft_log_warns();
+  ft_log_expect_warns(1);
+  if (parent) { /* the connector */
+    void* sc = NULL;
+    fab_result rc = FAB_OK;
+    for (int64_t end = ft_now_ms() + T_MS; rc == FAB_OK && !sc && ft_now_ms() < end;)
+      rc = s.api->connect(s.ctx, dev, &s.config, ph, &sc, NULL);
+    FT_CHECK(rc == FAB_ERR_INVALID_USAGE && !sc, "connect over 2 rails to a listener of 4: result %d, comm %p", rc,
+             sc);
+    FT_CHECK(strstr(ft_log_last_warn(), "2 rails") && strstr(ft_log_last_warn(), "4"), "the WARN: %s",
+             ft_log_last_warn());
+  } else { /* the listener: accept finds nothing to accept, its log says why */
+    void* rc_comm = NULL;
+    for (int64_t end = ft_now_ms() + T_MS; ft_log_warns() == w0 && ft_now_ms() < end;)
+      FT_OK(s.api->accept(l, &rc_comm, NULL));
+    FT_CHECK(rc_comm == NULL, "a connection of another rail count was accepted");
+    FT_CHECK(strstr(ft_log_last_warn(), "2 rails") && strstr(ft_log_last_warn(), "has 4"), "the WARN: %s",
+             ft_log_last_warn());
+  }
+  ft_log_expect_warns(0);
+  FT_CHECK(ft_log_warns() - w0 == 1, "%d WARN lines, expected 1", ft_log_warns() - w0);
+  ft_sync(peer, "refused", T_MS);
+  FT_OK(s.api->close_listen(l));
+  ft_side_close(&s);
+}
+
+#ifdef FT_WITH_CORE
+#include "fab_rails.h"
+
+/* Fails rail 1 of a comm over rails as the liveness check or a provider
+ * error would (the core's own call: only the core binary reaches it). */
+static void fail_rail(void* handle, fab_obj_kind kind) {
+  fab_rails_comm* rc = fab_obj_get(handle, kind);
+  FT_CHECK(rc != NULL && rc->n == 2, "not a comm over 2 rails");
+  fab_comm* c = rc->c[1];
+  pthread_mutex_lock(&c->ep->lock);
+  fab_comm_fail(c, FAB_ERR_REMOTE, "the test failed this rail");
+  pthread_mutex_unlock(&c->ep->lock);
+}
+
+/* One rail of two fails while a grouped receive spans both: that receive,
+ * and every later call on either end, fails with one WARN naming rail 1;
+ * nothing hangs and nothing partial is reported done. */
+FT_PAIR_TEST(rails_one_rail_fails, 60) {
+  ft_side s;
+  int nphys = open_with_copies(&s, peer);
+  if (ft_api_selected() != FT_API_CORE || !s.api->make_vdevice) { /* the rail is failed through the core */
+    ft_side_close(&s);
+    return;
+  }
+  s.dev = fuse(&s, nphys, 2);
+  FT_OK(s.api->get_properties(s.dev, &s.props));
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  ft_mr sm, rm;
+  ft_mr_alloc(&s, &sm, c.send_comm, 1 << 20);
+  ft_mr_alloc(&s, &rm, c.recv_comm, 2 << 20);
+  void* d[2] = {rm.buf, (char*)rm.buf + (1 << 20)};
+  size_t cap[2] = {1 << 20, 1 << 20};
+  int tags[2] = {20, 21}; /* first messages of tags 20 and 21: rails 0 and 1 */
+  void* mhs[2] = {rm.mh, rm.mh};
+  void* rreq = post_recv(&s, c.recv_comm, 2, d, cap, tags, mhs);
+  ft_sync(peer, "posted", T_MS);
+  fail_rail(c.recv_comm, FAB_OBJ_RAILS_RECV);
+  fail_rail(c.send_comm, FAB_OBJ_RAILS_SEND);
+  int done = 0;
+  FT_EXPECT_ERROR(s.api->test(rreq, &done, NULL));
+  FT_CHECK(done && strstr(ft_log_last_warn(), "rail 1 of 2"), "the WARN: %s", ft_log_last_warn());
+  void* r = NULL;
+  FT_EXPECT_ERROR(s.api->isend(c.send_comm, sm.buf, 8, 20, sm.mh, NULL, &r)); /* tag 20 goes on rail 0 */
+  FT_CHECK(!r && strstr(ft_log_last_warn(), "rail 1 of 2"), "the WARN: %s", ft_log_last_warn());
+  FT_EXPECT_ERROR(s.api->irecv(c.recv_comm, 1, d, cap, tags, mhs, NULL, &r));
+  FT_CHECK(!r && strstr(ft_log_last_warn(), "rail 1 of 2"), "the WARN: %s", ft_log_last_warn());
+  ft_sync(peer, "failed", T_MS);
+  ft_close_all(&s, &c, 1); /* first: the receive on rail 0 still holds its buffer */
+  ft_mr_free(&s, &sm);
+  ft_mr_free(&s, &rm);
+  ft_side_close(&s);
+}
+#endif
