@@ -35,7 +35,7 @@
 #include "fab_rma.h"
 #include "fab_transport.h"
 #include "rd_proto.h"
-#include "rd_tagmap.h"
+#include "fab_tagmap.h"
 
 enum { RD_SEND_REQS = FAB_MAX_REQUESTS * FAB_MAX_RECVS, RD_RECV_REQS = 2 * FAB_MAX_REQUESTS };
 _Static_assert(RD_RECV_REQS * FAB_MAX_RECVS <= RD_SLOTS, "a slot names a request and a buffer; at most RD_SLOTS");
@@ -74,7 +74,7 @@ typedef struct rd_scomm {
   _Atomic uint32_t nwait_hint; /* nwait, readable without the lock */
   rd_ann ann[RD_SLOTS];        /* announced, unmatched, in index order */
   fab_req* wait[RD_SEND_REQS]; /* sends not posted yet, in order */
-  rd_tagmap sent;              /* tag -> sends so far */
+  fab_tagmap sent;              /* tag -> sends so far */
   /* eager */
   fab_window ring;             /* the receiver's eager ring (len 0: no eager path) */
   uint32_t slot_size, eager_max;
@@ -110,7 +110,7 @@ typedef struct rd_backlog_entry {
 
 typedef struct rd_rcomm {
   fab_window box;          /* the sender's mailbox */
-  rd_tagmap posted;        /* tag -> buffers so far (ep lock) */
+  fab_tagmap posted;        /* tag -> buffers so far (ep lock) */
   char* ring;              /* eager ring: RD_EAGER_SLOTS x slot_size, registered for remote write */
   fab_rma_buf ring_mr;
   uint32_t slot_size;      /* 0: no eager path */

@@ -58,7 +58,7 @@ fab_result rd_eager_recv_init(fab_comm* c) {
 void rd_eager_fini(fab_comm* c) {
   if (c->kind == FAB_OBJ_RECV) {
     rd_rcomm* rc = rd_r(c);
-    rd_tagmap_free(&rc->posted);
+    fab_tagmap_free(&rc->posted);
     /* the sender may still be writing into the ring: retired, not freed */
     if (rc->ring_mr.mr && c->ep) fab_rma_buf_retire(c->ep, &rc->ring_mr, rc->ring);
     else free(rc->ring);
@@ -67,7 +67,7 @@ void rd_eager_fini(fab_comm* c) {
     return;
   }
   rd_scomm* s = rd_s(c);
-  rd_tagmap_free(&s->sent);
+  fab_tagmap_free(&s->sent);
   fab_rma_buf_dereg(&s->stage_mr); /* only our own writes read it, and they have completed */
   free(s->stage);
   s->stage = NULL;

@@ -144,7 +144,7 @@ static int take_held(fab_comm* c, fab_req* r, rd_rsub* b) {
 static ssize_t post_buffer(fab_comm* c, fab_req* r, int i, void* data, size_t size, int tag, fab_mr* mr) {
   rd_rcomm* rc = rd_r(c);
   rd_rsub* b = &rd_rq(r)->sub[i];
-  int64_t k = rd_tagmap_take(&rc->posted, tag);
+  int64_t k = fab_tagmap_take(&rc->posted, tag);
   if (k < 0) return -FI_ENOMEM;
   b->data = data;
   b->size = size;

@@ -143,7 +143,7 @@ static void consume(fab_comm* c) {
     s->next_index = i + 1;
     rd_ann a = {.win = {.addr = e.addr, .len = e.size, .key = e.key}, .index = e.index, .tag = e.tag, .k = e.k,
                 .slot = e.slot};
-    if (e.k >= rd_tagmap_peek(&s->sent, e.tag)) { /* for a send still to come */
+    if (e.k >= fab_tagmap_peek(&s->sent, e.tag)) { /* for a send still to come */
       s->ann[s->nann++] = a;
       continue;
     }
@@ -203,7 +203,7 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   atomic_store_explicit(&q->eager, 0, memory_order_relaxed);
   fab_endpoint* ep = c->ep;
   pthread_mutex_lock(&ep->lock);
-  int64_t k = c->error == FAB_OK ? rd_tagmap_take(&s->sent, tag) : -1;
+  int64_t k = c->error == FAB_OK ? fab_tagmap_take(&s->sent, tag) : -1;
   if (FAB_UNLIKELY(k < 0)) {
     pthread_mutex_unlock(&ep->lock);
     fab_req_put(r);
