@@ -102,6 +102,7 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
     return FAB_ERR_SYSTEM;
   }
   pthread_mutex_init(&ep->lock, NULL);
+  pthread_mutex_init(&ep->helper_lock, NULL);
   ep->dev = dev;
   ep->hooks = hooks;
   fab_list_init(&ep->listens);
@@ -185,8 +186,11 @@ int fab_endpoint_reap(void) {
   return fab_local_buried_count();
 }
 
+static void helper_stop(fab_endpoint* ep);
+
 void fab_endpoint_destroy(fab_endpoint* ep) {
   if (!ep) return;
+  helper_stop(ep);
   drain_closed(ep);
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->privates) {
     fab_list_del(it);
@@ -211,6 +215,7 @@ void fab_endpoint_destroy(fab_endpoint* ep) {
   free(ep->av_cache);
   for (int i = 0; i < FAB_ID_PAGES; i++) free((void*)atomic_load(&ep->ids[i]));
   pthread_mutex_destroy(&ep->lock);
+  pthread_mutex_destroy(&ep->helper_lock);
   free(ep);
   fab_endpoint_reap();
 }
@@ -321,6 +326,54 @@ static __attribute__((noinline)) void sweep_sometimes(fab_endpoint* ep) {
   else if (every < FAB_SWEEP_EVERY_MAX) every *= 2;
   atomic_store_explicit(&ep->sweep_every, every, memory_order_relaxed);
   pthread_mutex_unlock(&ep->lock);
+}
+
+/* --- a rail's polling thread ---------------------------------------------------- */
+
+enum { FAB_HELPER_SPINS = 64 }; /* polls between yields */
+
+static void* helper_main(void* arg) {
+  fab_endpoint* ep = arg;
+  while (atomic_load_explicit(&ep->helper_run, memory_order_acquire)) {
+    for (int i = 0; i < FAB_HELPER_SPINS; i++)
+      if (fab_ep_poll(ep) != FAB_OK) return NULL; /* the CQ failed: the comms' own calls report it */
+    sched_yield();
+  }
+  return NULL;
+}
+
+/* Stops the thread (helper_lock held: the thread never takes it, so the
+ * join cannot wait on us). */
+static void helper_stop_locked(fab_endpoint* ep) {
+  if (atomic_exchange(&ep->helper_run, 0)) pthread_join(ep->helper, NULL);
+  ep->helper_users = 0;
+}
+
+static void helper_stop(fab_endpoint* ep) {
+  pthread_mutex_lock(&ep->helper_lock);
+  helper_stop_locked(ep);
+  pthread_mutex_unlock(&ep->helper_lock);
+}
+
+int fab_ep_helper_acquire(fab_endpoint* ep) {
+  int rc = 0;
+  pthread_mutex_lock(&ep->helper_lock);
+  if (ep->helper_users++ == 0) {
+    atomic_store(&ep->helper_run, 1);
+    if (pthread_create(&ep->helper, NULL, helper_main, ep) != 0) {
+      atomic_store(&ep->helper_run, 0);
+      ep->helper_users = 0;
+      rc = -1;
+    }
+  }
+  pthread_mutex_unlock(&ep->helper_lock);
+  return rc;
+}
+
+void fab_ep_helper_release(fab_endpoint* ep) {
+  pthread_mutex_lock(&ep->helper_lock);
+  if (ep->helper_users > 0 && --ep->helper_users == 0) helper_stop_locked(ep);
+  pthread_mutex_unlock(&ep->helper_lock);
 }
 
 fab_result fab_ep_poll(fab_endpoint* ep) {

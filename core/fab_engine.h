@@ -220,6 +220,11 @@ struct fab_endpoint {
   int local_registered;
   uint32_t local_refs; /* AV entries of endpoints of this process that address this one */
   int buried;          /* destroyed while referenced: kept open and idle until reaped */
+  /* the polling thread of a rail (fab_ep_helper_*; FABRIC_RAIL_THREADS), under helper_lock */
+  pthread_mutex_t helper_lock;
+  pthread_t helper;
+  int helper_users;       /* comms over several rails using it */
+  _Atomic int helper_run; /* the thread polls while set */
 };
 
 /* --- comms and requests --------------------------------------------------- */
@@ -385,6 +390,12 @@ void fab_local_unref(fab_endpoint* owner);
 int fab_local_leave(fab_endpoint* ep);
 fab_endpoint* fab_local_next_reapable(void);
 int fab_local_buried_count(void);
+/* A thread polling ep's completion queue for the comms over several rails
+ * that use ep (FABRIC_RAIL_THREADS): the first acquire starts it, the last
+ * release stops and joins it (no ep lock held). 0, or -1 when no thread
+ * could be started (the caller's polling still drives ep). */
+int fab_ep_helper_acquire(fab_endpoint* ep);
+void fab_ep_helper_release(fab_endpoint* ep);
 /* Reads one batch of completions and dispatches them. Caller holds ep->lock. */
 fab_result fab_ep_progress_locked(fab_endpoint* ep);
 /* Data-path progress (test, and isend/irecv on -FI_EAGAIN). The provider is

@@ -29,6 +29,20 @@ static void close_members(void** handles, int n, fab_obj_kind kind) {
   }
 }
 
+/* FABRIC_RAIL_THREADS, where it is safe: libfabric 1.17's shm delivered
+ * wrong bytes to tagged receives when a second thread polled the endpoint
+ * (docs/known-bugs.md), so intra-host providers keep one poller. */
+static int rail_threads_wanted(const fab_device* d) {
+  if (!fab_g.params.rail_threads) return 0;
+  const fab_device* m = fab_g.devs[d->props.vprops.devs[0]];
+  if (!m->local_only) return 1;
+  static int told;
+  if (!told++)
+    FAB_INFO(FAB_SUBSYS_NET, "FABRIC_RAIL_THREADS ignored on %s: a second thread polling an intra-host endpoint "
+             "corrupted tagged receives (docs/known-bugs.md)", fab_device_provider(m));
+  return 0;
+}
+
 /* The comm over rails handles[0..n-1] (member comms of kind SEND or RECV).
  * Each member learns its rail, and its peer name says it. */
 static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** handles, int n, void** out) {
@@ -49,8 +63,14 @@ static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** hand
     snprintf(rc->c[k]->peer_name + used, sizeof(rc->c[k]->peer_name) - used, " (rail %d of %d, %s)", k, n,
              rc->c[k]->ep->dev->name);
   }
+  rc->threads = rail_threads_wanted(d);
+  for (int k = 0; k < n && rc->threads; k++)
+    if (fab_ep_helper_acquire(rc->c[k]->ep) != 0)
+      FAB_INFO(FAB_SUBSYS_NET, "rail %d on %s: no polling thread could be started; the caller's thread drives it", k,
+               rc->c[k]->ep->dev->name);
   rc->handle = fab_obj_add(rc->kind, rc);
   if (!rc->handle) {
+    for (int k = 0; k < n && rc->threads; k++) fab_ep_helper_release(rc->c[k]->ep);
     FAB_WARN("%s: handle table full; close unused comms", member_kind == FAB_OBJ_SEND ? "connect" : "accept");
     free(rc);
     return FAB_ERR_SYSTEM;
@@ -269,6 +289,7 @@ static fab_result close_rails(void* handle, fab_obj_kind kind) {
   fab_rails_comm* rc = fab_obj_remove(handle, kind);
   if (!rc) return FAB_ERR_INTERNAL;
   fab_result result = FAB_OK;
+  for (int k = 0; k < rc->n && rc->threads; k++) fab_ep_helper_release(rc->c[k]->ep);
   for (int k = 0; k < rc->n; k++) {
     fab_result r = kind == FAB_OBJ_RAILS_SEND ? fab_conn_close_send(rc->rail[k]) : fab_conn_close_recv(rc->rail[k]);
     if (result == FAB_OK) result = r;

@@ -20,6 +20,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->peer_timeout_ms = 30000;
   params->local_send_endpoints = 16;
   params->rails = 1;
+  params->rail_threads = 0;
   snprintf(params->transport, sizeof params->transport, "%s", "auto");
   params->delivery_complete = -1;
   params->gpu_memory = -1;
@@ -74,6 +75,16 @@ static int parse_size(const char* s, unsigned long long* out) {
   if (shift && v > (ULLONG_MAX >> shift)) return -1;
   *out = v << shift;
   return 0;
+}
+
+static int parse_bool(const char* s, int* out) {
+  static const char* const yes[] = {"1", "true", "yes", "on"};
+  static const char* const no[] = {"0", "false", "no", "off"};
+  for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++) {
+    if (strcasecmp(s, yes[i]) == 0) return *out = 1, 0;
+    if (strcasecmp(s, no[i]) == 0) return *out = 0, 0;
+  }
+  return -1;
 }
 
 int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size) {
@@ -166,6 +177,16 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->rails = (int)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_RAIL_THREADS")) != NULL) {
+    int v;
+    if (parse_bool(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_RAIL_THREADS=%s is not a boolean (1/0, true/false, yes/no, on/off); using 0", s);
+      bad++;
+    } else {
+      params->rail_threads = v;
     }
   }
 

@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 11
+#define FAB_PARAM_COUNT 12
 
 typedef struct fab_params fab_params;
 
@@ -33,6 +33,8 @@ struct fab_params {
   int local_send_endpoints;
   /* FABRIC_RAILS: For tests and benchmarks on one host only: list each physical device this many times, each copy with its own domain, endpoint and completion queue, so that a virtual device fused from copies (makeVDevice) has several rails over one NIC. NCCL would take the copies for separate NICs: leave it at 1 in production. */
   int rails;
+  /* FABRIC_RAIL_THREADS: Comms over several rails: give every rail's endpoint a thread that polls its completion queue while such a comm is open, so that the rails' provider progress (its copies, the kernel's socket work) runs on several cores rather than all in the caller's thread. Costs a spinning core per rail and measured slower for small messages (docs/performance.md §5.1). Not on intra-host providers (shm): there a second poller corrupted tagged receives (docs/known-bugs.md). */
+  int rail_threads;
   /* FABRIC_TRANSPORT: How NCCL messages move: `rdma` (the receiver announces each buffer and the sender writes into it with RMA; needs FI_RMA and remote CQ data), `sendrecv` (tagged messages; any RDM provider), or `auto` (rdma where the provider offers what it needs, else sendrecv). Both ends of a connection must use the same transport: a mismatch is refused at connect with a WARN. */
   char transport[FAB_PARAM_STRING_MAX];
   /* FABRIC_DELIVERY_COMPLETE: Whether a write completes only once the peer holds its data (FI_DELIVERY_COMPLETE). -1 (the default): on providers whose writes otherwise complete when they enter a kernel socket (tcp, sockets), where closing right after could drop them and hang the peer's receive; 1: always (the provider must support it); 0: never (local completion; a sender must not close while its peer may still be receiving). */
