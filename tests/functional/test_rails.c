@@ -170,6 +170,30 @@ FT_PAIR_TEST(rails_transfers, 120) {
   ft_side_close(&s);
 }
 
+/* The same over 2 and 4 rails with a polling thread per rail
+ * (FABRIC_RAIL_THREADS; ignored on intra-host providers): started with the
+ * first comm on a rail's endpoint, joined when the last one closes. */
+FT_PAIR_TEST(rails_threads, 120) {
+  setenv("FABRIC_RAIL_THREADS", "1", 1);
+  ft_side s;
+  int nphys = open_with_copies(&s, peer);
+  if (!s.api->make_vdevice) {
+    ft_side_close(&s);
+    return;
+  }
+  for (int n = 2; n <= COPIES; n += 2) {
+    s.dev = fuse(&s, nphys, n);
+    FT_OK(s.api->get_properties(s.dev, &s.props));
+    ft_conn c;
+    ft_connect_all(&s, &c, 1, T_MS);
+    stream(&s, &c);
+    grouped(&s, &c);
+    ft_sync(peer, "threads", T_MS);
+    ft_close_all(&s, &c, 1);
+  }
+  ft_side_close(&s);
+}
+
 /* One rank fuses two copies, the other four: the connector's request is
  * refused, and each end says why in one WARN, never a hang. */
 FT_PAIR_TEST(rails_count_mismatch, 60) {
