@@ -313,7 +313,8 @@ static fab_result check_answer(fab_pending* pc, int* done) {
   }
   if (a.status == FAB_ACCEPT_RAILS) {
     FAB_WARN("connect to %s refused: this rank's device has %d rails (rail 0 on %s), the listener's %u; fuse the same "
-             "number of NICs into the device on every rank", c->peer_name, pc->rails, c->dev->name, a.rails);
+             "number of NICs into the device on every rank (NCCL_NET_MERGE_LEVEL, NCCL_NET_FORCE_MERGE)",
+             c->peer_name, pc->rails, c->dev->name, a.rails);
     return FAB_ERR_INVALID_USAGE;
   }
   if (a.status == FAB_ACCEPT_TRANSPORT) {

@@ -102,7 +102,8 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
   }
   if (req->rails != l->rails || req->rail != l->rail) {
     FAB_WARN("accept on %s: refused a connection over %u rails (rail %u): this rank's device has %d; fuse the same "
-             "number of NICs into the device on every rank", l->dev->name, req->rails, req->rail, l->rails);
+             "number of NICs into the device on every rank (NCCL_NET_MERGE_LEVEL, NCCL_NET_FORCE_MERGE)",
+             l->dev->name, req->rails, req->rail, l->rails);
     fab_conn_refuse(ep, req, FAB_ACCEPT_RAILS, l->rails);
     return NULL;
   }

@@ -17,7 +17,9 @@
 #include "fab_req.h"
 #include "fab_transport.h"
 
-static int rail_for(const fab_rails_comm* rc, int tag, uint32_t k) { return (int)((k + (uint32_t)tag) % (uint32_t)rc->n); }
+static int rail_for(const fab_rails_comm* rc, int tag, uint32_t k) {
+  return (int)((k + (uint32_t)tag) % (uint32_t)rc->n);
+}
 
 static fab_rails_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char* fn) {
   fab_rails_comm* rc = fab_obj_get(handle, kind);

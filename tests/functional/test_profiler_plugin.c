@@ -106,7 +106,8 @@ static void transfers(ft_side* s, ft_conn* c, int rank, int* nsubs) {
   }
   int sizes[2 * NEXPECT][FAB_MAX_RECVS];
   ft_wait_all(s, reqs, nreq, &sizes[0][0], FAB_MAX_RECVS, T_MS, "profiled transfers");
-  for (int i = 0; i < NEXPECT; i++) ft_verify_or_fail((char*)rm.buf + (size_t)i * BIG, (size_t)lens[i], 91, "a profiled receive");
+  for (int i = 0; i < NEXPECT; i++)
+    ft_verify_or_fail((char*)rm.buf + (size_t)i * BIG, (size_t)lens[i], 91, "a profiled receive");
   ft_mr_free(s, &sm);
   ft_mr_free(s, &rm);
 }

@@ -73,7 +73,8 @@ static const char* path_name(int p) {
 /* What is wrong with an event's data, or NULL. */
 static const char* invalid(const fab_prof_event_v1* e) {
   if (e->op != FAB_PROF_OP_SEND && e->op != FAB_PROF_OP_RECV) return "op is neither send nor recv";
-  if (e->transport != FAB_PROF_TRANSPORT_SENDRECV && e->transport != FAB_PROF_TRANSPORT_RDMA) return "unknown transport";
+  if (e->transport != FAB_PROF_TRANSPORT_SENDRECV && e->transport != FAB_PROF_TRANSPORT_RDMA)
+    return "unknown transport";
   if (e->path < FAB_PROF_PATH_MESSAGE || e->path > FAB_PROF_PATH_EAGER) return "unknown path";
   if (e->nsubs < 1 || e->sub >= e->nsubs) return "sub is not below nsubs";
   if (e->op == FAB_PROF_OP_SEND && e->nsubs != 1) return "a send with nsubs != 1";
