@@ -103,6 +103,8 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
   }
   pthread_mutex_init(&ep->lock, NULL);
   pthread_mutex_init(&ep->helper_lock, NULL);
+  atomic_flag_clear(&ep->cq_lock);
+  ep->cq_serial = dev->local_only;
   ep->dev = dev;
   ep->hooks = hooks;
   fab_list_init(&ep->listens);
@@ -230,7 +232,9 @@ static fab_result cq_failed(fab_endpoint* ep, const char* what, ssize_t rc) {
 static fab_result read_error(fab_endpoint* ep) {
   struct fi_cq_err_entry err;
   memset(&err, 0, sizeof(err));
+  fab_ep_serial_enter(ep);
   ssize_t rc = fi_cq_readerr(ep->cq, &err, 0);
+  fab_ep_serial_leave(ep);
   if (rc == -FI_EAGAIN) return FAB_OK;
   if (rc < 0) return cq_failed(ep, "fi_cq_readerr", rc);
   /* The API says err is a positive errno; libfabric 1.17's shm reports some
@@ -259,6 +263,14 @@ static __attribute__((noinline)) void dispatch_remote(fab_endpoint* ep, const fa
   if ((e->flags & FI_REMOTE_CQ_DATA) && ep->dev->remote_data) ep->dev->remote_data(ep, e);
 }
 
+/* fi_cq_read; on local-only providers one thread at a time (ep->cq_serial). */
+static inline ssize_t cq_read(fab_endpoint* ep, fab_cqe* e) {
+  fab_ep_serial_enter(ep);
+  ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
+  fab_ep_serial_leave(ep);
+  return n;
+}
+
 /* Handles what one fi_cq_read returned. Caller holds ep->lock. */
 static fab_result dispatch_locked(fab_endpoint* ep, const fab_cqe* e, ssize_t n) {
   if (n > 0) {
@@ -277,7 +289,7 @@ static fab_result dispatch_locked(fab_endpoint* ep, const fab_cqe* e, ssize_t n)
 fab_result fab_ep_progress_locked(fab_endpoint* ep) {
   if (FAB_UNLIKELY(ep->failed)) return ep->failed;
   fab_cqe e[FAB_CQ_BATCH_MAX];
-  ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
+  ssize_t n = cq_read(ep, e);
   fab_result rc = dispatch_locked(ep, e, n);
   if (FAB_UNLIKELY(atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0) && ep->hooks)
     ep->hooks->sweep(ep);
@@ -379,7 +391,7 @@ void fab_ep_helper_release(fab_endpoint* ep) {
 fab_result fab_ep_poll(fab_endpoint* ep) {
   if (FAB_UNLIKELY(ep->failed)) return ep->failed;
   fab_cqe e[FAB_CQ_BATCH_MAX];
-  ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
+  ssize_t n = cq_read(ep, e);
   fab_result rc = FAB_OK;
   if (n > 0) {
     dispatch_unlocked(ep, e, n);

@@ -28,6 +28,7 @@
 #define FAB_ENGINE_H
 
 #include <pthread.h>
+#include <sched.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -220,6 +221,12 @@ struct fab_endpoint {
   int local_registered;
   uint32_t local_refs; /* AV entries of endpoints of this process that address this one */
   int buried;          /* destroyed while referenced: kept open and idle until reaped */
+  /* local-only providers (shm): one thread at a time reads the CQ or posts a
+   * tagged data operation (fab_ep_serial_*): libfabric 1.17's shm matched
+   * messages of one tag out of order when one thread posted while another
+   * progressed (docs/known-bugs.md) */
+  int cq_serial;
+  atomic_flag cq_lock; /* a spinlock: uncontended, one exchange and a store */
   /* the polling thread of a rail (fab_ep_helper_*; FABRIC_RAIL_THREADS), under helper_lock */
   pthread_mutex_t helper_lock;
   pthread_t helper;
@@ -396,6 +403,16 @@ int fab_local_buried_count(void);
  * could be started (the caller's polling still drives ep). */
 int fab_ep_helper_acquire(fab_endpoint* ep);
 void fab_ep_helper_release(fab_endpoint* ep);
+/* Around a tagged data post on ep (the sendrecv transport): serialised with
+ * the endpoint's CQ reads and other posts on local-only providers. */
+static inline void fab_ep_serial_enter(fab_endpoint* ep) {
+  if (FAB_LIKELY(!ep->cq_serial)) return;
+  for (unsigned spins = 0; atomic_flag_test_and_set_explicit(&ep->cq_lock, memory_order_acquire); spins++)
+    if (spins % 64 == 63) sched_yield(); /* the holder may be copying a large message */
+}
+static inline void fab_ep_serial_leave(fab_endpoint* ep) {
+  if (FAB_UNLIKELY(ep->cq_serial)) atomic_flag_clear_explicit(&ep->cq_lock, memory_order_release);
+}
 /* Reads one batch of completions and dispatches them. Caller holds ep->lock. */
 fab_result fab_ep_progress_locked(fab_endpoint* ep);
 /* Data-path progress (test, and isend/irecv on -FI_EAGAIN). The provider is

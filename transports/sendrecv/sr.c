@@ -116,6 +116,13 @@ static inline void req_put(fab_req* r) { fab_req_put(r); }
 
 /* --- send ---------------------------------------------------------------------- */
 
+static inline ssize_t post_send(fab_comm* c, sr_sub* s, void* data, size_t size, void* desc) {
+  fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
+  ssize_t rc = fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
+  fab_ep_serial_leave(c->ep);
+  return rc;
+}
+
 static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, void** request) {
   void* desc = mr ? mr->desc : NULL;
   fab_req* r = req_get(c, FAB_REQ_SEND, 1);
@@ -130,10 +137,10 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr
   r->size = size;
   r->tag = tag;
   sub_set_state(s, FAB_SUB_POSTED);
-  ssize_t rc = fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
+  ssize_t rc = post_send(c, s, data, size, desc);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
     progress(c, NULL);
-    rc = fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
+    rc = post_send(c, s, data, size, desc);
   }
   if (FAB_LIKELY(rc == 0)) {
     *request = r;
@@ -158,7 +165,10 @@ static inline ssize_t post_recv(fab_comm* c, sr_sub* s) {
   void* desc[2] = {s->desc, NULL};
   struct fi_msg_tagged msg = {.msg_iov = iov, .desc = desc, .iov_count = 2, .addr = FI_ADDR_UNSPEC, .tag = s->tag,
                               .context = &s->op.ctx};
-  return fi_trecvmsg(c->ep->ep, &msg, FI_COMPLETION);
+  fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
+  ssize_t rc = fi_trecvmsg(c->ep->ep, &msg, FI_COMPLETION);
+  fab_ep_serial_leave(c->ep);
+  return rc;
 }
 
 /* Posts the sub-receives of r not posted yet: 0, -FI_EAGAIN, or an error. */
