@@ -406,8 +406,8 @@ fab_result fab_conn_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config*
 
 fab_result fab_connect_wait(fab_ctx* ctx_handle, int dev, const fab_comm_config* config, void* handle,
                             void** send_comm, void** dev_handle) {
+  (void)dev_handle;
   for (;;) {
-    (void)dev_handle;
     fab_result rc = fab_conn_connect(ctx_handle, dev, config, handle, 1, 0, send_comm);
     if (rc != FAB_OK || *send_comm) return rc; /* fab_connect gives up after FABRIC_CONNECT_TIMEOUT_MS */
     for (int i = 0; i < FAB_MAX_DEVICES; i++) { /* the peer may be blocked in its own connect to us */

@@ -29,20 +29,6 @@ static void close_members(void** handles, int n, fab_obj_kind kind) {
   }
 }
 
-/* FABRIC_RAIL_THREADS, where it is safe: libfabric 1.17's shm delivered
- * wrong bytes to tagged receives when a second thread polled the endpoint
- * (docs/known-bugs.md), so intra-host providers keep one poller. */
-static int rail_threads_wanted(const fab_device* d) {
-  if (!fab_g.params.rail_threads) return 0;
-  const fab_device* m = fab_g.devs[d->props.vprops.devs[0]];
-  if (!m->local_only) return 1;
-  static int told;
-  if (!told++)
-    FAB_INFO(FAB_SUBSYS_NET, "FABRIC_RAIL_THREADS ignored on %s: a second thread polling an intra-host endpoint "
-             "corrupted tagged receives (docs/known-bugs.md)", fab_device_provider(m));
-  return 0;
-}
-
 /* The comm over rails handles[0..n-1] (member comms of kind SEND or RECV).
  * Each member learns its rail, and its peer name says it. */
 static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** handles, int n, void** out) {
@@ -63,7 +49,7 @@ static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** hand
     snprintf(rc->c[k]->peer_name + used, sizeof(rc->c[k]->peer_name) - used, " (rail %d of %d, %s)", k, n,
              rc->c[k]->ep->dev->name);
   }
-  rc->threads = rail_threads_wanted(d);
+  rc->threads = fab_g.params.rail_threads;
   for (int k = 0; k < n && rc->threads; k++)
     if (fab_ep_helper_acquire(rc->c[k]->ep) != 0)
       FAB_INFO(FAB_SUBSYS_NET, "rail %d on %s: no polling thread could be started; the caller's thread drives it", k,

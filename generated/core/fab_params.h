@@ -33,7 +33,7 @@ struct fab_params {
   int local_send_endpoints;
   /* FABRIC_RAILS: For tests and benchmarks on one host only: list each physical device this many times, each copy with its own domain, endpoint and completion queue, so that a virtual device fused from copies (makeVDevice) has several rails over one NIC. NCCL would take the copies for separate NICs: leave it at 1 in production. */
   int rails;
-  /* FABRIC_RAIL_THREADS: Comms over several rails: give every rail's endpoint a thread that polls its completion queue while such a comm is open, so that the rails' provider progress (its copies, the kernel's socket work) runs on several cores rather than all in the caller's thread. Costs a spinning core per rail and measured slower for small messages (docs/performance.md §5.1). Not on intra-host providers (shm): there a second poller corrupted tagged receives (docs/known-bugs.md). */
+  /* FABRIC_RAIL_THREADS: Comms over several rails: give every rail's endpoint a thread that polls its completion queue while such a comm is open, so that the rails' provider progress (its copies, the kernel's socket work) runs on several cores rather than all in the caller's thread. Costs a spinning core per rail and measured slower for small messages (docs/performance.md §5.1). */
   int rail_threads;
   /* FABRIC_TRANSPORT: How NCCL messages move: `rdma` (the receiver announces each buffer and the sender writes into it with RMA; needs FI_RMA and remote CQ data), `sendrecv` (tagged messages; any RDM provider), or `auto` (rdma where the provider offers what it needs, else sendrecv). Both ends of a connection must use the same transport: a mismatch is refused at connect with a WARN. */
   char transport[FAB_PARAM_STRING_MAX];
