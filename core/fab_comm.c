@@ -90,6 +90,11 @@ static void release_closed(fab_comm* c) {
   fab_comm_free(c);
 }
 
+fab_result fab_comm_not_now(fab_comm* c, const char* fn) {
+  fab_comm_stalled(c);
+  return c->error != FAB_OK ? fab_comm_failed(c, fn) : FAB_OK;
+}
+
 fab_result fab_comm_failed(fab_comm* c, const char* fn) {
   FAB_WARN("%s: the connection to %s has failed: %s; close it", fn, c->peer_name, c->error_why);
   return c->error;

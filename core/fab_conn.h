@@ -125,6 +125,11 @@ void fab_comm_free(fab_comm* c);
  * completed (pending > 0; a grouped receive's unposted part is abandoned when
  * the comm closes). Scans the comm's used requests: for close time only. */
 int fab_comm_busy(fab_comm* c);
+/* The transport could not take an operation of c now (NULL request: the
+ * runtime retries). A retry is a poll without progress for the liveness
+ * check, so a runtime retrying against a dead peer gets the comm's failure
+ * (one WARN), not NULL for ever. */
+__attribute__((noinline)) fab_result fab_comm_not_now(fab_comm* c, const char* fn);
 /* A call fn on a failed connection: one WARN saying why, and its result. */
 fab_result fab_comm_failed(fab_comm* c, const char* fn);
 /* Accounting of one completed control operation (the accept answer) of

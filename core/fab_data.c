@@ -38,13 +38,6 @@ static inline fab_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char
  * single-rail path looks for it only after its own lookup failed. */
 static inline int is_rails(void* handle, fab_obj_kind kind) { return fab_obj_kind_of(handle) == kind; }
 
-/* The transport cannot take the operation now (NULL request: NCCL retries).
- * A retry is a poll without progress for the liveness check, so a runtime
- * retrying against a dead peer gets the comm's failure, not NULL for ever. */
-static __attribute__((noinline)) fab_result not_now(fab_comm* c, const char* fn) {
-  fab_comm_stalled(c);
-  return c->error != FAB_OK ? fab_comm_failed(c, fn) : FAB_OK;
-}
 
 /* A range no registration can cover: the address space ends before it does. */
 static fab_result reg_range_check(const void* data, size_t size, const char* fn) {
@@ -134,7 +127,7 @@ fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mh
   fab_result rc = fab_mr_resolve(c, mhandle, data, size, "isend", &mr);
   if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   rc = c->ops->isend(c, data, size, tag, mr, request);
-  if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return not_now(c, "isend");
+  if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return fab_comm_not_now(c, "isend");
   if (FAB_UNLIKELY(phandle != NULL) && rc == FAB_OK && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, &phandle, &size, &tag);
   return rc;
 }
@@ -165,7 +158,7 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
     if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   }
   fab_result rc = c->ops->irecv(c, n, data, sizes, tags, mrs, request);
-  if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return not_now(c, "irecv");
+  if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return fab_comm_not_now(c, "irecv");
   if (FAB_UNLIKELY(phandles != NULL) && rc == FAB_OK && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, phandles, sizes, tags);
   return rc;
 }
@@ -196,9 +189,9 @@ fab_result fab_test(void* request, int* done, int* sizes) {
   if (FAB_LIKELY((uintptr_t)request >= 4096 && !((uintptr_t)request & 7))) memcpy(&magic, request, sizeof(magic));
   if (FAB_UNLIKELY(magic == FAB_OSREQ_MAGIC))
     return fab_osreq_test(request, done, sizes); /* iwrite / iread (fab_p2p_rma.c, fab_pwin.c) */
-  if (FAB_UNLIKELY(magic == FAB_RREQ_MAGIC)) return fab_rails_test(request, done, sizes); /* several rails */
   fab_req* r = request;
   if (FAB_UNLIKELY(magic != FAB_REQ_MAGIC || r->state != FAB_REQ_ACTIVE)) {
+    if (magic == FAB_RREQ_MAGIC) return fab_rails_test(request, done, sizes); /* several rails */
     FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);
     return FAB_ERR_INTERNAL;
   }

@@ -47,11 +47,6 @@ static void* member_mh(void* mhandle, int rail) {
   return m && rail < m->n ? m->mh[rail] : mhandle; /* another handle: resolving it WARNs */
 }
 
-/* The rail could not take the operation now (NULL request, NCCL retries). */
-static fab_result not_now(fab_comm* c, const char* fn) {
-  fab_comm_stalled(c);
-  return c->error != FAB_OK ? fab_comm_failed(c, fn) : FAB_OK;
-}
 
 static fab_result too_large(fab_rails_comm* rc, const char* fn, size_t size) {
   FAB_WARN("%s: size %zu exceeds maxP2pBytes %zu of %s; NCCL must split larger transfers", fn, size,
@@ -82,7 +77,7 @@ fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, vo
   if (res == FAB_OK) res = c->ops->isend(c, data, size, tag, mr, request);
   if (res != FAB_OK || !*request) {
     fab_tagmap_untake(&rc->tags, tag);
-    return res != FAB_OK ? res : not_now(c, "isend");
+    return res != FAB_OK ? res : fab_comm_not_now(c, "isend");
   }
   if (phandle && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, &phandle, &size, &tag);
   return FAB_OK;
@@ -132,7 +127,7 @@ static int child_post(fab_rails_parent* p, int k, fab_result* res) {
   *res = c->ops->irecv(c, ch->n, data, len, tags, mrs, &ch->req);
   if (*res != FAB_OK) return -1;
   if (!ch->req) {
-    *res = not_now(c, "irecv");
+    *res = fab_comm_not_now(c, "irecv");
     return *res == FAB_OK ? 0 : -1;
   }
   ch->posted = 1;
@@ -227,7 +222,7 @@ static fab_result recv_on_one_rail(fab_rails_comm* rc, int rail, int n, void** d
   res = c->ops->irecv(c, n, data, sizes, tags, mrs, request);
   if (res != FAB_OK || !*request) {
     untake_tags(rc, n, tags);
-    return res != FAB_OK ? res : not_now(c, "irecv");
+    return res != FAB_OK ? res : fab_comm_not_now(c, "irecv");
   }
   if (phandles && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, phandles, sizes, tags);
   return FAB_OK;

@@ -160,13 +160,17 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr
  * is one (fab_domain.sink), so the provider never truncates. */
 static inline ssize_t post_recv(fab_comm* c, sr_sub* s) {
   fab_domain* dom = c->ep->dev->dom;
-  if (FAB_LIKELY(!dom->sink)) return fi_trecv(c->ep->ep, s->data, s->size, s->desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
-  struct iovec iov[2] = {{.iov_base = s->data, .iov_len = s->size}, {.iov_base = dom->sink, .iov_len = dom->sink_len}};
-  void* desc[2] = {s->desc, NULL};
-  struct fi_msg_tagged msg = {.msg_iov = iov, .desc = desc, .iov_count = 2, .addr = FI_ADDR_UNSPEC, .tag = s->tag,
-                              .context = &s->op.ctx};
+  ssize_t rc;
   fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
-  ssize_t rc = fi_trecvmsg(c->ep->ep, &msg, FI_COMPLETION);
+  if (FAB_LIKELY(!dom->sink)) {
+    rc = fi_trecv(c->ep->ep, s->data, s->size, s->desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
+  } else {
+    struct iovec iov[2] = {{.iov_base = s->data, .iov_len = s->size}, {.iov_base = dom->sink, .iov_len = dom->sink_len}};
+    void* desc[2] = {s->desc, NULL};
+    struct fi_msg_tagged msg = {.msg_iov = iov, .desc = desc, .iov_count = 2, .addr = FI_ADDR_UNSPEC, .tag = s->tag,
+                                .context = &s->op.ctx};
+    rc = fi_trecvmsg(c->ep->ep, &msg, FI_COMPLETION);
+  }
   fab_ep_serial_leave(c->ep);
   return rc;
 }
