@@ -245,7 +245,10 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
   fab_op_init(&pc->ans_op, ans_done, pc, 1);
   fab_wire_tp tp = {.comm_id = c->local_id, .transport = c->ops->id};
   if (c->ops->connect_payload) tp.len = (uint8_t)c->ops->connect_payload(c, tp.data, sizeof(tp.data));
-  fab_wire_connect_encode(&pc->msg.req, h.listen_id, pc->connector_id, ep->addr, ep->addr_len, &tp, rails, rail);
+  size_t stripe_from = fab_g.params.stripe_threshold; /* values under FAB_STRIPE_MIN count as it (params.toml) */
+  c->stripe_from = rails > 1 && stripe_from ? (uint32_t)(stripe_from < FAB_STRIPE_MIN ? FAB_STRIPE_MIN : stripe_from) : 0;
+  fab_wire_connect_encode(&pc->msg.req, h.listen_id, pc->connector_id, ep->addr, ep->addr_len, &tp, rails, rail,
+                          c->stripe_from);
   pc->deadline_ms = fab_now_ms() + fab_g.params.connect_timeout_ms;
   *out = pc;
   return FAB_OK;

@@ -192,6 +192,7 @@ fab_result fab_test(void* request, int* done, int* sizes) {
   fab_req* r = request;
   if (FAB_UNLIKELY(magic != FAB_REQ_MAGIC || r->state != FAB_REQ_ACTIVE)) {
     if (magic == FAB_RREQ_MAGIC) return fab_rails_test(request, done, sizes); /* several rails */
+    if (magic == FAB_SREQ_MAGIC) return fab_stripe_send_test(request, done, sizes); /* a send split over them */
     FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);
     return FAB_ERR_INTERNAL;
   }

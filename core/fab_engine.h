@@ -291,6 +291,7 @@ struct fab_comm {
   int mr_local;
   int closing;
   uint8_t rail; /* its rail in a comm over several (fab_rails.h); 0 otherwise */
+  uint32_t stripe_from; /* rail of a comm over several: its sender's FABRIC_STRIPE_THRESHOLD (0: never splits) */
   /* the memory handle resolved last (owner thread only), valid while
    * fab_mr_generation has not moved: NCCL sends and receives a connection's
    * steps out of one registered buffer, so this skips the handle lookup */

@@ -112,6 +112,7 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
     fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_ADDRESS, 0);
     return NULL;
   }
+  c->stripe_from = req->stripe_from;
   c->peer_in_process = fab_ep_addr_in_process(ep, req->addr, req->addr_len);
   int rc = fab_ep_av_insert(ep, req->addr, req->addr_len, &c->peer);
   if (rc == -FI_ECONNREFUSED || rc == -FI_EINVAL) {

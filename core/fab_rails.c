@@ -49,6 +49,7 @@ static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** hand
     snprintf(rc->c[k]->peer_name + used, sizeof(rc->c[k]->peer_name) - used, " (rail %d of %d, %s)", k, n,
              rc->c[k]->ep->dev->name);
   }
+  rc->stripe_from = rc->c[0]->stripe_from; /* the sender's, from rail 0's handshake */
   rc->threads = fab_g.params.rail_threads;
   for (int k = 0; k < n && rc->threads; k++)
     if (fab_ep_helper_acquire(rc->c[k]->ep) != 0)
@@ -280,7 +281,7 @@ static fab_result close_rails(void* handle, fab_obj_kind kind) {
     fab_result r = kind == FAB_OBJ_RAILS_SEND ? fab_conn_close_send(rc->rail[k]) : fab_conn_close_recv(rc->rail[k]);
     if (result == FAB_OK) result = r;
   }
-  fab_rails_data_free(rc);
+  fab_rails_data_free(rc); /* after its rails closed: their receives may use its stripe buffers */
   rc->magic = 0;
   free(rc);
   return result;

@@ -31,6 +31,7 @@
 #include "fab_core.h"
 
 #define FAB_RREQ_MAGIC 0x51455252u /* "RREQ": a parent request over several rails */
+#define FAB_SREQ_MAGIC 0x51455253u /* "SREQ": a send split over several rails (fab_rails_stripe.c) */
 
 /* fab_data.c's data calls on a comm or memory handle of several rails. */
 fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
@@ -39,6 +40,7 @@ fab_result fab_rails_irecv(void* recv_comm, int n, void** data, const size_t* si
                            void** mhandles, void** phandles, void** request);
 fab_result fab_rails_iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles, void** request);
 fab_result fab_rails_test(void* request, int* done, int* sizes);
+fab_result fab_stripe_send_test(void* request, int* done, int* sizes);
 fab_result fab_rails_reg_mr(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle,
                             const char* fn);
 fab_result fab_rails_dereg_mr(void* mhandle);
@@ -50,6 +52,97 @@ fab_result fab_rails_dereg_mr(void* mhandle);
 #include "fab_tagmap.h"
 
 enum { FAB_RAILS_PARENTS = 256 }; /* parent requests per comm */
+
+/* --- stripes (fab_rails_stripe.c) ---------------------------------------------
+ * A message of at least the sender's threshold is split: its first stripe
+ * (never smaller than the threshold) goes as the message itself, on the
+ * message's rail with its tag; a notice {tag, k, size, stripe lengths} goes
+ * on the same rail with the control tag; stripe j goes on rail
+ * (rail + j) mod N with a stripe tag naming the split (seq). A receiver
+ * whose buffer got at least the threshold on its rail knows the message was
+ * split and waits for its notice; it posts the other stripes as soon as the
+ * notice is in, often before the first stripe has landed. The threshold is
+ * the sender's, carried in the handshake. Tags below FAB_RAILS_TAG_MIN are
+ * these; the runtime's tags on comms over several rails must be above. */
+enum {
+  FAB_STRIPE_SEQS = 1024,   /* stripe tags; more than sends a comm can have in flight */
+  FAB_STRIPE_SENDS = 64,    /* split sends in flight per comm */
+  FAB_STRIPE_RECVS = 64,    /* buffers in flight per comm that may be split */
+  FAB_STRIPE_NOTICES = 64,  /* notices held per comm for buffers not posted or not matched yet */
+  FAB_STRIPE_CTRL_RX = 4,   /* notice receives kept posted per rail */
+  FAB_STRIPE_ALIGN = 4096,  /* stripes start at multiples of this */
+};
+#define FAB_STRIPE_TAG_CTRL INT32_MIN
+#define FAB_STRIPE_TAG(seq) (INT32_MIN + 1 + (int32_t)(seq))
+#define FAB_RAILS_TAG_MIN (INT32_MIN + 1 + FAB_STRIPE_SEQS)
+#define FAB_STRIPE_MAGIC 0x50525453u /* "STRP" */
+
+/* A notice: sender -> receiver, with the control tag. */
+typedef struct fab_stripe_notice {
+  uint32_t magic;
+  int32_t tag;
+  uint32_t k;   /* the message's number among the comm's messages with its tag */
+  uint16_t seq; /* its stripes' tag: FAB_STRIPE_TAG(seq) */
+  uint8_t m;    /* stripes, 2..rails */
+  uint8_t reserved;
+  uint64_t size;
+  uint32_t len[FAB_MAX_RAILS]; /* stripe j: len[j] bytes after stripes 0..j-1 */
+  uint32_t check;              /* fab_stripe_check */
+  uint32_t reserved2;
+} fab_stripe_notice;
+_Static_assert(sizeof(fab_stripe_notice) == 64, "stripe notice layout");
+
+typedef struct fab_stripe_part {
+  int rail;
+  size_t off, len;
+  void* req; /* the rail's request while posted */
+  uint8_t posted, done;
+} fab_stripe_part;
+
+/* A send split over the rails: part 0 is the message on its own rail. */
+typedef struct fab_stripe_send {
+  uint32_t magic; /* FAB_SREQ_MAGIC while handed out */
+  struct fab_rails_comm* rc;
+  int m, slot; /* slot: its notice's buffer */
+  uint64_t size;
+  char* data;
+  void* mhandle;
+  void* notice_req;
+  uint8_t notice_posted, notice_done;
+  fab_stripe_part part[FAB_MAX_RAILS];
+  struct fab_stripe_send* next; /* free list */
+} fab_stripe_send;
+
+/* A posted buffer that may receive a split message. */
+typedef struct fab_stripe_recv {
+  int32_t tag;
+  uint32_t k;
+  int rail; /* its own rail (stripe 0) */
+  char* data;
+  size_t cap;
+  void* mhandle;
+  int noticed, m;
+  int done; /* complete: the parent's size for it is the message's */
+  uint64_t size;
+  uint16_t seq;
+  fab_stripe_part part[FAB_MAX_RAILS]; /* part[0] is the buffer's own receive (a child of the parent) */
+  struct fab_stripe_recv* next; /* free list */
+} fab_stripe_recv;
+
+typedef struct fab_stripes {
+  uint32_t threshold; /* send: ours; recv: the sender's */
+  uint32_t stripe;
+  uint16_t next_seq;
+  fab_stripe_send send[FAB_STRIPE_SENDS];
+  fab_stripe_send* send_free;
+  fab_stripe_notice tx[FAB_STRIPE_SENDS]; /* registered on every rail */
+  fab_stripe_recv recv[FAB_STRIPE_RECVS];
+  fab_stripe_recv* recv_free;
+  fab_stripe_notice rx[FAB_MAX_RAILS][FAB_STRIPE_CTRL_RX]; /* rx[k] registered on rail k */
+  void* rx_req[FAB_MAX_RAILS][FAB_STRIPE_CTRL_RX];
+  fab_stripe_notice held[FAB_STRIPE_NOTICES]; /* notices in, not matched yet (magic 0: free) */
+  void* mh[FAB_MAX_RAILS]; /* this struct's registration on each rail */
+} fab_stripes;
 
 typedef struct fab_rails_listen {
   uint32_t magic;
@@ -86,6 +179,10 @@ typedef struct fab_rails_parent {
   struct fab_mr* mrs[FAB_MAX_RECVS]; /* buffer i's registration on its rail */
   void* phandles[FAB_MAX_RECVS];
   int nposted; /* children posted so far (in order) */
+  uint32_t k[FAB_MAX_RECVS];               /* buffer i's number among the comm's buffers with its tag */
+  struct fab_stripe_recv* st[FAB_MAX_RECVS]; /* buffer i may receive a split message: its state */
+  uint8_t got[FAB_MAX_RECVS];              /* buffer i's own receive (its child) completed */
+  int nstriped;                            /* buffers with a stripe state */
   struct fab_rails_parent* next; /* free list, or the comm's list of parents not fully posted */
 } fab_rails_parent;
 
@@ -103,6 +200,8 @@ struct fab_rails_comm {
   int threads;                   /* its rails' endpoints have polling threads (FABRIC_RAIL_THREADS) */
   fab_rails_parent* unposted_head; /* parents with children still to post, oldest first */
   fab_rails_parent* unposted_tail;
+  uint32_t stripe_from;          /* messages of at least this many bytes are split (0: never) */
+  fab_stripes* stripes;          /* from the first split or possibly split message */
 };
 
 typedef struct fab_rails_mr {
@@ -117,3 +216,24 @@ typedef struct fab_rails_mr {
 
 /* fab_rails_data.c: a comm's parents, when it closes. */
 void fab_rails_data_free(fab_rails_comm* rc);
+
+/* fab_rails_data.c: the rail of the k-th message of a tag; the rail's own
+ * memory handle inside a handle registered on the comm. */
+int fab_rails_rail_for(const fab_rails_comm* rc, int tag, uint32_t k);
+void* fab_rails_member_mh(void* mhandle, int rail);
+
+/* fab_rails_stripe.c */
+/* A send of size >= rc->stripe_from, split: *request NULL when not now. */
+fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag, uint32_t k, void* mhandle,
+                            void* phandle, void** request);
+/* A state for a buffer that may receive a split message; NULL when none is
+ * free (not now) or out of memory (*res). */
+fab_stripe_recv* fab_stripe_recv_get(fab_rails_comm* rc, fab_result* res);
+void fab_stripe_recv_put(fab_rails_comm* rc, fab_stripe_recv* sr);
+/* Reads the notices that came in (and keeps their receives posted). */
+fab_result fab_stripe_pump(fab_rails_comm* rc);
+/* Where buffer sr stands; got: its own receive completed with *size bytes.
+ * 1 pending, 0 done (*size: the whole message), -1 failed (*res). */
+int fab_stripe_recv_test(fab_rails_comm* rc, fab_stripe_recv* sr, int got, int* size, fab_result* res);
+/* The comm closes (its rails are closed): registrations and memory. */
+void fab_stripe_free(fab_rails_comm* rc);

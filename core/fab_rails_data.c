@@ -17,7 +17,7 @@
 #include "fab_req.h"
 #include "fab_transport.h"
 
-static int rail_for(const fab_rails_comm* rc, int tag, uint32_t k) {
+int fab_rails_rail_for(const fab_rails_comm* rc, int tag, uint32_t k) {
   return (int)((k + (uint32_t)tag) % (uint32_t)rc->n);
 }
 
@@ -41,12 +41,18 @@ static fab_result rails_ok(fab_rails_comm* rc, const char* fn) {
 }
 
 /* The rail's own memory handle inside a handle registered on the comm. */
-static void* member_mh(void* mhandle, int rail) {
+void* fab_rails_member_mh(void* mhandle, int rail) {
   if (!mhandle) return NULL;
   fab_rails_mr* m = fab_obj_get(mhandle, FAB_OBJ_RAILS_MR);
   return m && rail < m->n ? m->mh[rail] : mhandle; /* another handle: resolving it WARNs */
 }
 
+
+static fab_result reserved_tag(const char* fn, int tag) {
+  FAB_WARN("%s: tag %d is reserved on comms over several rails (tags below %d carry the plugin's stripes); use "
+           "tags from %d up", fn, tag, FAB_RAILS_TAG_MIN, FAB_RAILS_TAG_MIN);
+  return FAB_ERR_INVALID_ARG;
+}
 
 static fab_result too_large(fab_rails_comm* rc, const char* fn, size_t size) {
   FAB_WARN("%s: size %zu exceeds maxP2pBytes %zu of %s; NCCL must split larger transfers", fn, size,
@@ -64,6 +70,7 @@ fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, vo
     FAB_WARN("isend: mhandle is NULL for a buffer of %zu bytes; pass the handle regMr returned for it", size);
     return FAB_ERR_INTERNAL;
   }
+  if (tag < FAB_RAILS_TAG_MIN) return reserved_tag("isend", tag);
   fab_result res = rails_ok(rc, "isend");
   if (res != FAB_OK) return res;
   int64_t k = fab_tagmap_take(&rc->tags, tag);
@@ -71,9 +78,14 @@ fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, vo
     FAB_WARN("isend: out of memory");
     return FAB_ERR_SYSTEM;
   }
-  fab_comm* c = rc->c[rail_for(rc, tag, (uint32_t)k)];
+  if (rc->stripe_from && size >= rc->stripe_from) { /* split over the rails (fab_rails_stripe.c) */
+    res = fab_stripe_isend(rc, data, size, tag, (uint32_t)k, mhandle, phandle, request);
+    if (res != FAB_OK || !*request) fab_tagmap_untake(&rc->tags, tag);
+    return res;
+  }
+  fab_comm* c = rc->c[fab_rails_rail_for(rc, tag, (uint32_t)k)];
   fab_mr* mr;
-  res = fab_mr_resolve(c, member_mh(mhandle, c->rail), data, size, "isend", &mr);
+  res = fab_mr_resolve(c, fab_rails_member_mh(mhandle, c->rail), data, size, "isend", &mr);
   if (res == FAB_OK) res = c->ops->isend(c, data, size, tag, mr, request);
   if (res != FAB_OK || !*request) {
     fab_tagmap_untake(&rc->tags, tag);
@@ -173,6 +185,7 @@ static fab_result recv_args_ok(fab_rails_comm* rc, int n, void** data, const siz
   for (int i = 0; i < n; i++) {
     if (sizes[i] > rc->dev->props.max_p2p_bytes) return too_large(rc, "irecv", sizes[i]);
     if (!data[i] && sizes[i]) return fab_bad_argument("irecv", "data[i]", i, "a buffer");
+    if (tags[i] < FAB_RAILS_TAG_MIN) return reserved_tag("irecv", tags[i]);
     if ((!mhandles || !mhandles[i]) && sizes[i]) {
       FAB_WARN("irecv: mhandles[%d] is NULL for a buffer of %zu bytes; pass the handle regMr returned for it", i,
                sizes[i]);
@@ -184,11 +197,12 @@ static fab_result recv_args_ok(fab_rails_comm* rc, int n, void** data, const siz
 
 /* The rail of each buffer: the k-th buffer of a tag, counting the earlier
  * buffers of this receive with the same tag. */
-static void rails_of_buffers(fab_rails_comm* rc, int n, const int* tags, int* rail) {
+static void rails_of_buffers(fab_rails_comm* rc, int n, const int* tags, int* rail, uint32_t* ks) {
   for (int i = 0; i < n; i++) {
     uint32_t k = fab_tagmap_peek(&rc->tags, tags[i]);
     for (int j = 0; j < i; j++) k += tags[j] == tags[i];
-    rail[i] = rail_for(rc, tags[i], k);
+    rail[i] = fab_rails_rail_for(rc, tags[i], k);
+    ks[i] = k;
   }
 }
 
@@ -213,7 +227,7 @@ static fab_result recv_on_one_rail(fab_rails_comm* rc, int rail, int n, void** d
   fab_comm* c = rc->c[rail];
   fab_mr* mrs[FAB_MAX_RECVS];
   for (int i = 0; i < n; i++) {
-    fab_result res = fab_mr_resolve(c, member_mh(mhandles ? mhandles[i] : NULL, rail), data[i], sizes[i], "irecv",
+    fab_result res = fab_mr_resolve(c, fab_rails_member_mh(mhandles ? mhandles[i] : NULL, rail), data[i], sizes[i], "irecv",
                                     &mrs[i]);
     if (res != FAB_OK) return res;
   }
@@ -228,26 +242,53 @@ static fab_result recv_on_one_rail(fab_rails_comm* rc, int rail, int n, void** d
   return FAB_OK;
 }
 
-/* Buffers on several rails: a parent request over one receive per rail. */
-static fab_result recv_on_rails(fab_rails_comm* rc, const int* rail, int n, void** data, const size_t* sizes,
-                                const int* tags, void** mhandles, void** phandles, void** request) {
+/* The buffers of p that may receive a split message (at least the sender's
+ * threshold) get a stripe state. 0, or not now (-1 with *res FAB_OK). */
+static int stripes_get(fab_rails_comm* rc, fab_rails_parent* p, void** mhandles, fab_result* res) {
+  for (int i = 0; i < p->n; i++) {
+    if (!rc->stripe_from || p->len[i] < rc->stripe_from) continue;
+    fab_stripe_recv* sr = fab_stripe_recv_get(rc, res);
+    if (!sr) return -1;
+    sr->tag = p->tags[i];
+    sr->k = p->k[i];
+    sr->rail = fab_rails_rail_for(rc, p->tags[i], p->k[i]);
+    sr->data = p->data[i];
+    sr->cap = p->len[i];
+    sr->mhandle = mhandles ? mhandles[i] : NULL;
+    p->st[i] = sr;
+    p->nstriped++;
+  }
+  return 0;
+}
+
+static void parent_release(fab_rails_parent* p) {
+  for (int i = 0; i < p->n; i++)
+    if (p->st[i]) fab_stripe_recv_put(p->rc, p->st[i]);
+  parent_put(p);
+}
+
+/* Buffers on several rails, or buffers that may receive split messages: a
+ * parent request over one receive per rail (and the stripes). */
+static fab_result recv_on_rails(fab_rails_comm* rc, const int* rail, const uint32_t* ks, int n, void** data,
+                                const size_t* sizes, const int* tags, void** mhandles, void** phandles,
+                                void** request) {
   fab_rails_parent* p = parent_get(rc);
   if (!p) return FAB_OK; /* all in flight: NCCL retries */
   p->n = n;
   for (int i = 0; i < n; i++) {
-    p->data[i] = data[i], p->len[i] = sizes[i], p->tags[i] = tags[i];
+    p->data[i] = data[i], p->len[i] = sizes[i], p->tags[i] = tags[i], p->k[i] = ks[i];
     p->phandles[i] = phandles ? phandles[i] : NULL;
-    fab_result res = fab_mr_resolve(rc->c[rail[i]], member_mh(mhandles ? mhandles[i] : NULL, rail[i]), data[i],
-                                    sizes[i], "irecv", &p->mrs[i]);
+    fab_result res = fab_mr_resolve(rc->c[rail[i]], fab_rails_member_mh(mhandles ? mhandles[i] : NULL, rail[i]),
+                                    data[i], sizes[i], "irecv", &p->mrs[i]);
     if (res != FAB_OK) {
       parent_put(p);
       return res;
     }
   }
-  fab_result res = take_tags(rc, n, tags);
-  if (res != FAB_OK) {
-    parent_put(p);
-    return res;
+  fab_result res = FAB_OK;
+  if (stripes_get(rc, p, mhandles, &res) != 0 || (res = take_tags(rc, n, tags)) != FAB_OK) {
+    parent_release(p);
+    return res; /* FAB_OK: no stripe state free, NCCL retries */
   }
   split(p, rail);
   p->magic = FAB_RREQ_MAGIC;
@@ -268,11 +309,12 @@ fab_result fab_rails_irecv(void* recv_comm, int n, void** data, const size_t* si
   if (res == FAB_OK) res = post_unposted(rc);
   if (res != FAB_OK || rc->unposted_head) return res; /* earlier receives first: NCCL retries */
   int rail[FAB_MAX_RECVS] = {0};
-  rails_of_buffers(rc, n, tags, rail);
+  uint32_t ks[FAB_MAX_RECVS] = {0};
+  rails_of_buffers(rc, n, tags, rail, ks);
   int one = 1;
-  for (int i = 1; i < n; i++) one &= rail[i] == rail[0];
+  for (int i = 0; i < n; i++) one &= rail[i] == rail[0] && (!rc->stripe_from || sizes[i] < rc->stripe_from);
   if (one) return recv_on_one_rail(rc, rail[0], n, data, sizes, tags, mhandles, phandles, request);
-  return recv_on_rails(rc, rail, n, data, sizes, tags, mhandles, phandles, request);
+  return recv_on_rails(rc, rail, ks, n, data, sizes, tags, mhandles, phandles, request);
 }
 
 /* Flushing makes the GPU see what the NICs wrote: the CUDA flush covers
@@ -286,7 +328,7 @@ fab_result fab_rails_iflush(void* recv_comm, int n, void** data, const int* size
   fab_mr* mrs[FAB_MAX_RECVS];
   for (int i = 0; i < n; i++) {
     if (sizes[i] < 0) return fab_bad_argument("iflush", "sizes[i]", sizes[i], ">= 0");
-    fab_result res = fab_mr_resolve(c, member_mh(mhandles ? mhandles[i] : NULL, 0), data[i], (size_t)sizes[i],
+    fab_result res = fab_mr_resolve(c, fab_rails_member_mh(mhandles ? mhandles[i] : NULL, 0), data[i], (size_t)sizes[i],
                                     "iflush", &mrs[i]);
     if (res != FAB_OK) return res;
   }
@@ -298,10 +340,20 @@ fab_result fab_rails_iflush(void* recv_comm, int n, void** data, const int* size
 /* Tests p's posted children; a failed one fails p (its WARN names the rail),
  * and p goes back: the other rails' receives stay with their comms, which
  * the runtime closes after a failure. */
+/* Buffer i of p that may have received a split message: 1 pending, 0 done,
+ * -1 failed (*res). */
+static int striped_test(fab_rails_parent* p, int i, fab_result* res) {
+  return fab_stripe_recv_test(p->rc, p->st[i], p->got[i], &p->sizes[i], res);
+}
+
+/* Tests p's posted children; a failed one fails p (its WARN names the rail),
+ * and p goes back: the other rails' receives stay with their comms, which
+ * the runtime closes after a failure. */
 fab_result fab_rails_test(void* request, int* done, int* sizes) {
   fab_rails_parent* p = request;
   fab_rails_comm* rc = p->rc;
   fab_result res = post_unposted(rc);
+  if (res == FAB_OK && p->nstriped) res = fab_stripe_pump(rc);
   int left = 0;
   for (int k = 0; k < p->nchild && res == FAB_OK; k++) {
     fab_rails_child* ch = &p->child[k];
@@ -316,12 +368,14 @@ fab_result fab_rails_test(void* request, int* done, int* sizes) {
     if (res == FAB_OK && !d) left++;
     if (res != FAB_OK || !d) continue;
     ch->done = 1;
-    for (int j = 0; j < ch->n; j++) p->sizes[ch->idx[j]] = got[j];
+    for (int j = 0; j < ch->n; j++) p->sizes[ch->idx[j]] = got[j], p->got[ch->idx[j]] = 1;
   }
+  for (int i = 0; i < p->n && res == FAB_OK && p->nstriped; i++)
+    if (p->st[i] && striped_test(p, i, &res) == 1) left++;
   if (res == FAB_OK && left) return FAB_OK;
   *done = 1;
   if (res == FAB_OK && sizes) memcpy(sizes, p->sizes, (size_t)p->n * sizeof(int));
-  if (p->nposted == p->nchild) parent_put(p); /* else it stays queued: its rails still get their receives */
+  if (p->nposted == p->nchild) parent_release(p); /* else it stays queued: its rails still get their receives */
   return res;
 }
 
@@ -373,6 +427,7 @@ fab_result fab_rails_dereg_mr(void* mhandle) {
 }
 
 void fab_rails_data_free(fab_rails_comm* rc) {
+  fab_stripe_free(rc);
   free(rc->parents);
   rc->parents = NULL;
   fab_tagmap_free(&rc->tags);

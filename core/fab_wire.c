@@ -75,10 +75,11 @@ int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, siz
 }
 
 void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t connector_id, const void* addr,
-                             size_t addr_len, const fab_wire_tp* tp, int rails, int rail) {
+                             size_t addr_len, const fab_wire_tp* tp, int rails, int rail, uint32_t stripe_from) {
   memset(m, 0, sizeof(*m));
   m->rails = (uint8_t)rails;
   m->rail = (uint8_t)rail;
+  m->stripe_from = rails > 1 ? stripe_from : 0;
   m->magic = FAB_CONNECT_MAGIC;
   m->version = FAB_WIRE_VERSION;
   m->addr_len = (uint16_t)(addr_len <= FAB_ADDR_MAX ? addr_len : 0);

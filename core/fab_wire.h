@@ -16,12 +16,13 @@
 #include "fab_core.h"
 
 enum {
-  FAB_WIRE_VERSION = 5, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
-                         * offers, and a handle checked over the bytes in use only; 5: rails */
+  FAB_WIRE_VERSION = 6, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
+                         * offers, and a handle checked over the bytes in use only; 5: rails; 6: stripes */
   FAB_ADDR_MAX = 104, /* endpoint address bytes that fit in the handle */
   FAB_HANDLE_HEADER = 24, /* the handle's bytes before its address */
   FAB_HANDLE_SIZE_V4 = 64, /* what a 64-byte ABI (Neuron v4) carries of the handle */
   FAB_MAX_RAILS = 8,       /* rails of one connection: the members of a virtual device */
+  FAB_STRIPE_MIN = 4096,   /* the smallest stripe threshold (FABRIC_STRIPE_THRESHOLD) */
 };
 
 #define FAB_HANDLE_MAGIC 0x48424146u  /* "FABH" */
@@ -68,7 +69,9 @@ typedef struct fab_wire_connect {
   uint32_t checksum;
   uint8_t rails;         /* 1..FAB_MAX_RAILS */
   uint8_t rail;          /* 0..rails-1 */
-  uint8_t reserved[6];
+  uint8_t reserved[2];
+  uint32_t stripe_from;  /* rails > 1: the connector splits messages of at least this many bytes over the
+                          * rails (fab_rails_stripe.c); 0: never */
   uint8_t addr[FAB_ADDR_MAX]; /* the connector's endpoint address */
   fab_wire_tp tp;
 } fab_wire_connect;
@@ -135,6 +138,7 @@ _Static_assert(sizeof(fab_wire_window) == 64, "window offer layout");
 _Static_assert(sizeof(fab_wire_window) <= sizeof(fab_wire_connect), "a window offer fits a connect-request receive");
 _Static_assert(sizeof(fab_wire_tp) == 56, "transport payload layout");
 _Static_assert(sizeof(fab_wire_connect) == 192, "connect message layout");
+_Static_assert(offsetof(fab_wire_connect, stripe_from) == 28, "connect message layout");
 _Static_assert(sizeof(fab_wire_accept) == 88, "accept message layout");
 
 /* Writes a handle into cap bytes (FAB_HANDLE_SIZE at most; the bytes after
@@ -149,7 +153,7 @@ int fab_wire_handle_decode(const void* buf, fab_wire_handle* out, char* why, siz
 size_t fab_wire_handle_used(const void* buf);
 
 void fab_wire_connect_encode(fab_wire_connect* m, uint64_t listen_id, uint32_t connector_id, const void* addr,
-                             size_t addr_len, const fab_wire_tp* tp, int rails, int rail);
+                             size_t addr_len, const fab_wire_tp* tp, int rails, int rail, uint32_t stripe_from);
 int fab_wire_connect_decode(const void* buf, size_t len, fab_wire_connect* out, char* why, size_t why_len);
 
 /* tp may be NULL (a refusal). */

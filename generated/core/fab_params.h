@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 12
+#define FAB_PARAM_COUNT 14
 
 typedef struct fab_params fab_params;
 
@@ -35,6 +35,10 @@ struct fab_params {
   int rails;
   /* FABRIC_RAIL_THREADS: Comms over several rails: give every rail's endpoint a thread that polls its completion queue while such a comm is open, so that the rails' provider progress (its copies, the kernel's socket work) runs on several cores rather than all in the caller's thread. Costs a spinning core per rail and measured slower for small messages (docs/performance.md §5.1). */
   int rail_threads;
+  /* FABRIC_STRIPE_THRESHOLD: Comms over several rails: a message of at least this many bytes is split into stripes sent on several rails at once; a smaller one goes whole on one rail, round-robin. The sender's value holds for the connection (it travels in the handshake). Values below 4 KiB count as 4 KiB; 0 never splits. */
+  size_t stripe_threshold;
+  /* FABRIC_STRIPE_SIZE: Comms over several rails: the size a stripe aims at. A split message gets one stripe per this many bytes, at least 2 and at most one per rail; its first stripe, on the message's own rail, is never smaller than FABRIC_STRIPE_THRESHOLD. */
+  size_t stripe_size;
   /* FABRIC_TRANSPORT: How NCCL messages move: `rdma` (the receiver announces each buffer and the sender writes into it with RMA; needs FI_RMA and remote CQ data), `sendrecv` (tagged messages; any RDM provider), or `auto` (rdma where the provider offers what it needs, else sendrecv). Both ends of a connection must use the same transport: a mismatch is refused at connect with a WARN. */
   char transport[FAB_PARAM_STRING_MAX];
   /* FABRIC_DELIVERY_COMPLETE: Whether a write completes only once the peer holds its data (FI_DELIVERY_COMPLETE). -1 (the default): on providers whose writes otherwise complete when they enter a kernel socket (tcp, sockets), where closing right after could drop them and hang the peer's receive; 1: always (the provider must support it); 0: never (local completion; a sender must not close while its peer may still be receiving). */

@@ -158,7 +158,7 @@ Test(wire, connect_and_accept_messages) {
   unsigned char addr[24] = {9, 8, 7};
   char why[160];
   fab_wire_tp tp = {.comm_id = 42, .transport = 2, .len = 3, .data = {1, 2, 3}};
-  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 1, 0);
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 1, 0, 0);
   cr_assert_eq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "%s", why);
   cr_assert_eq(cd.tp.comm_id, 42);
   cr_assert_eq(cd.tp.transport, 2);
@@ -171,7 +171,7 @@ Test(wire, connect_and_accept_messages) {
   ((unsigned char*)&c)[40] ^= 4;
   cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "corrupted message");
   tp.len = FAB_TP_MAX + 1; /* a sealed message whose payload length overruns its buffer */
-  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 1, 0);
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 1, 0, 0);
   cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "payload length out of range");
   tp.len = 3;
 
@@ -198,12 +198,16 @@ Test(wire, rails_in_connect_and_accept) {
   unsigned char addr[24] = {9, 8, 7};
   char why[160];
   fab_wire_tp tp = {.comm_id = 42, .transport = 2};
-  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 4, 3);
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 4, 3, 262144);
   cr_assert_eq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "%s", why);
   cr_assert(cd.rails == 4 && cd.rail == 3);
-  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 2, 2);
+  cr_assert_eq(cd.stripe_from, 262144, "the sender's stripe threshold travels with every rail's request");
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 1, 0, 262144);
+  cr_assert_eq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(cd.stripe_from, 0, "one rail never stripes");
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 2, 2, 0);
   cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "rail 2 of 2");
-  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, FAB_MAX_RAILS + 1, 0);
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, FAB_MAX_RAILS + 1, 0, 0);
   cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "too many rails");
 
   unsigned char buf[FAB_ACCEPT_MAX];
