@@ -83,7 +83,7 @@ typedef struct fab_stripe_notice {
   int32_t tag;
   uint32_t k;   /* the message's number among the comm's messages with its tag */
   uint16_t seq; /* its stripes' tag: FAB_STRIPE_TAG(seq) */
-  uint8_t m;    /* stripes, 2..rails */
+  uint8_t m;    /* stripes, 1..rails (1: exactly the threshold) */
   uint8_t reserved;
   uint64_t size;
   uint32_t len[FAB_MAX_RAILS]; /* stripe j: len[j] bytes after stripes 0..j-1 */

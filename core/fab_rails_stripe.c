@@ -252,7 +252,7 @@ static fab_result notice_in(fab_rails_comm* rc, int rail, const fab_stripe_notic
   if (len != (int)sizeof(*n) || n->magic != FAB_STRIPE_MAGIC || n->check != notice_check(n))
     return protocol_error(c, "a malformed stripe notice came in");
   uint64_t sum = 0;
-  int ok = n->m >= 2 && n->m <= rc->n && n->seq < FAB_STRIPE_SEQS && n->len[0] >= rc->stripe_from &&
+  int ok = n->m >= 1 && n->m <= rc->n && n->seq < FAB_STRIPE_SEQS && n->len[0] >= rc->stripe_from &&
            fab_rails_rail_for(rc, n->tag, n->k) == rail;
   for (int j = 0; j < FAB_MAX_RAILS && ok; j++) {
     ok = j < n->m ? n->len[j] > 0 : n->len[j] == 0;

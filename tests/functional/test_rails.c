@@ -170,6 +170,125 @@ FT_PAIR_TEST(rails_transfers, 120) {
   ft_side_close(&s);
 }
 
+/* --- stripes ------------------------------------------------------------------
+ * Each rank sends with its own FABRIC_STRIPE_THRESHOLD (parent 64 KiB, child
+ * 512 KiB): a receiver must use its sender's, which the handshake carries.
+ * Sizes around the threshold and far above it, into buffers of exactly
+ * their size and into larger ones; then a grouped receive mixing split and
+ * whole messages. Every byte and every size checked. */
+enum { STRIPE_PARENT = 64 << 10, STRIPE_CHILD = 512 << 10, STRIPE_CAP = 8 << 20, NSTRIPED = 7 };
+
+static size_t striped_size(size_t thr, int i) {
+  const size_t sizes[NSTRIPED] = {thr - 1, thr, thr + 1, 3 * thr + 5, (4 << 20) + 3, 1, 0};
+  return sizes[i];
+}
+
+static int count_split(size_t thr) {
+  int n = 0;
+  for (int i = 0; i < NSTRIPED; i++) n += striped_size(thr, i) >= thr;
+  return n;
+}
+
+#ifdef FT_WITH_CORE
+#include "fab_rails.h"
+/* The splits the core sent on this comm (the white-box half of the check:
+ * the bytes alone would also arrive whole). */
+static int splits_sent(void* send_comm) {
+  if (ft_api_selected() != FT_API_CORE) return -1;
+  fab_rails_comm* rc = fab_obj_get(send_comm, FAB_OBJ_RAILS_SEND);
+  return rc && rc->stripes ? rc->stripes->next_seq : 0;
+}
+#else
+static int splits_sent(void* send_comm) {
+  (void)send_comm;
+  return -1;
+}
+#endif
+
+static void stripes_stream(ft_side* s, ft_conn* c, size_t mine, size_t theirs) {
+  ft_mr sm, rm;
+  ft_mr_alloc(s, &sm, c->send_comm, (size_t)NSTRIPED * STRIPE_CAP);
+  ft_mr_alloc(s, &rm, c->recv_comm, (size_t)NSTRIPED * STRIPE_CAP);
+  void* reqs[2 * NSTRIPED];
+  for (int i = 0; i < NSTRIPED; i++) {
+    char* rb = (char*)rm.buf + (size_t)i * STRIPE_CAP;
+    size_t cap = i % 2 ? STRIPE_CAP : striped_size(theirs, i); /* exact, or larger than the message */
+    int tag = 30 + i % 3;
+    reqs[2 * i] = post_recv(s, c->recv_comm, 1, (void**)&rb, &cap, &tag, &rm.mh);
+    char* sb = (char*)sm.buf + (size_t)i * STRIPE_CAP;
+    ft_fill(sb, striped_size(mine, i), 7000 + (uint64_t)i);
+    reqs[2 * i + 1] = post_send(s, c->send_comm, sb, striped_size(mine, i), tag, sm.mh);
+  }
+  int got[2 * NSTRIPED][FAB_MAX_RECVS];
+  ft_wait_all(s, reqs, 2 * NSTRIPED, &got[0][0], FAB_MAX_RECVS, T_MS, "messages split over rails");
+  for (int i = 0; i < NSTRIPED; i++) {
+    FT_CHECK(got[2 * i][0] == (int)striped_size(theirs, i), "message %d: %d bytes received, %zu sent", i, got[2 * i][0],
+             striped_size(theirs, i));
+    ft_verify_or_fail((char*)rm.buf + (size_t)i * STRIPE_CAP, striped_size(theirs, i), 7000 + (uint64_t)i,
+                      "a message split over rails");
+  }
+  int splits = splits_sent(c->send_comm);
+  FT_CHECK(splits < 0 || splits == count_split(mine), "%d sends were split over the rails, expected %d", splits,
+           count_split(mine));
+  ft_mr_free(s, &sm);
+  ft_mr_free(s, &rm);
+}
+
+static void stripes_grouped(ft_side* s, ft_conn* c, size_t mine, size_t theirs) {
+  ft_mr sm, rm;
+  ft_mr_alloc(s, &sm, c->send_comm, 3 * (size_t)STRIPE_CAP);
+  ft_mr_alloc(s, &rm, c->recv_comm, 3 * (size_t)STRIPE_CAP);
+  int tags[3] = {40, 41, 42};
+  void* d[3];
+  size_t cap[3], len[3], their_len[3];
+  void* mhs[3] = {rm.mh, rm.mh, rm.mh};
+  void* reqs[4];
+  for (int i = 0; i < 3; i++) {
+    len[i] = i == 1 ? 100 : (i + 1) * mine + 7; /* split, whole, split */
+    their_len[i] = i == 1 ? 100 : (i + 1) * theirs + 7;
+    d[i] = (char*)rm.buf + (size_t)i * STRIPE_CAP;
+    cap[i] = STRIPE_CAP;
+    ft_fill((char*)sm.buf + (size_t)i * STRIPE_CAP, len[i], 8000 + (uint64_t)i);
+  }
+  reqs[0] = post_recv(s, c->recv_comm, 3, d, cap, tags, mhs);
+  for (int i = 0; i < 3; i++)
+    reqs[1 + i] = post_send(s, c->send_comm, (char*)sm.buf + (size_t)i * STRIPE_CAP, len[i], tags[i], sm.mh);
+  int got[4][FAB_MAX_RECVS];
+  ft_wait_all(s, reqs, 4, &got[0][0], FAB_MAX_RECVS, T_MS, "a grouped receive of split messages");
+  for (int i = 0; i < 3; i++) {
+    FT_CHECK(got[0][i] == (int)their_len[i], "buffer %d: %d bytes, expected %zu", i, got[0][i], their_len[i]);
+    ft_verify_or_fail(d[i], their_len[i], 8000 + (uint64_t)i, "a grouped receive of split messages");
+  }
+  ft_mr_free(s, &sm);
+  ft_mr_free(s, &rm);
+}
+
+FT_PAIR_TEST(rails_stripes, 120) {
+  int parent = ft_role() == FT_PARENT;
+  size_t mine = parent ? STRIPE_PARENT : STRIPE_CHILD, theirs = parent ? STRIPE_CHILD : STRIPE_PARENT;
+  char v[32];
+  snprintf(v, sizeof(v), "%zu", mine);
+  setenv("FABRIC_STRIPE_THRESHOLD", v, 1);
+  setenv("FABRIC_STRIPE_SIZE", "65536", 1);
+  ft_side s;
+  int nphys = open_with_copies(&s, peer);
+  if (!s.api->make_vdevice) {
+    ft_side_close(&s);
+    return;
+  }
+  for (int n = 2; n <= COPIES; n += 2) {
+    s.dev = fuse(&s, nphys, n);
+    FT_OK(s.api->get_properties(s.dev, &s.props));
+    ft_conn c;
+    ft_connect_all(&s, &c, 1, T_MS);
+    stripes_stream(&s, &c, mine, theirs);
+    if (s.props.max_recvs >= 3) stripes_grouped(&s, &c, mine, theirs);
+    ft_sync(peer, "stripes", T_MS);
+    ft_close_all(&s, &c, 1);
+  }
+  ft_side_close(&s);
+}
+
 /* The same over 2 and 4 rails with a polling thread per rail
  * (FABRIC_RAIL_THREADS; ignored on intra-host providers): started with the
  * first comm on a rail's endpoint, joined when the last one closes. */
@@ -236,8 +355,6 @@ FT_PAIR_TEST(rails_count_mismatch, 60) {
 }
 
 #ifdef FT_WITH_CORE
-#include "fab_rails.h"
-
 /* Fails rail 1 of a comm over rails as the liveness check or a provider
  * error would (the core's own call: only the core binary reaches it). */
 static void fail_rail(void* handle, fab_obj_kind kind) {
