@@ -135,6 +135,7 @@ typedef struct fab_stripes {
   uint16_t next_seq;
   fab_stripe_send send[FAB_STRIPE_SENDS];
   fab_stripe_send* send_free;
+  fab_stripe_send* blocked; /* a split whose stripe 0 could not be posted yet: later sends wait */
   fab_stripe_notice tx[FAB_STRIPE_SENDS]; /* registered on every rail */
   fab_stripe_recv recv[FAB_STRIPE_RECVS];
   fab_stripe_recv* recv_free;
@@ -226,6 +227,9 @@ void* fab_rails_member_mh(void* mhandle, int rail);
 /* A send of size >= rc->stripe_from, split: *request NULL when not now. */
 fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag, uint32_t k, void* mhandle,
                             void* phandle, void** request);
+/* Posts the stripe 0 that could not go yet: FAB_OK, then sends may go when
+ * rc->stripes->blocked is NULL. */
+fab_result fab_stripe_unblock(fab_rails_comm* rc);
 /* A state for a buffer that may receive a split message; NULL when none is
  * free (not now) or out of memory (*res). */
 fab_stripe_recv* fab_stripe_recv_get(fab_rails_comm* rc, fab_result* res);

@@ -73,6 +73,11 @@ fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, vo
   if (tag < FAB_RAILS_TAG_MIN) return reserved_tag("isend", tag);
   fab_result res = rails_ok(rc, "isend");
   if (res != FAB_OK) return res;
+  if (FAB_UNLIKELY(rc->stripes && rc->stripes->blocked)) { /* a split's stripe 0 goes before any later send */
+    *request = NULL;
+    res = fab_stripe_unblock(rc);
+    if (res != FAB_OK || rc->stripes->blocked) return res; /* not now: NCCL retries */
+  }
   int64_t k = fab_tagmap_take(&rc->tags, tag);
   if (k < 0) {
     FAB_WARN("isend: out of memory");
@@ -346,6 +351,14 @@ static int striped_test(fab_rails_parent* p, int i, fab_result* res) {
   return fab_stripe_recv_test(p->rc, p->st[i], p->got[i], &p->sizes[i], res);
 }
 
+/* Some buffer of p may have received a split message whose notice is not
+ * in yet. */
+static int waits_for_notice(const fab_rails_parent* p) {
+  for (int i = 0; i < p->n && p->nstriped; i++)
+    if (p->st[i] && !p->st[i]->noticed && !p->st[i]->done) return 1;
+  return 0;
+}
+
 /* Tests p's posted children; a failed one fails p (its WARN names the rail),
  * and p goes back: the other rails' receives stay with their comms, which
  * the runtime closes after a failure. */
@@ -353,7 +366,7 @@ fab_result fab_rails_test(void* request, int* done, int* sizes) {
   fab_rails_parent* p = request;
   fab_rails_comm* rc = p->rc;
   fab_result res = post_unposted(rc);
-  if (res == FAB_OK && p->nstriped) res = fab_stripe_pump(rc);
+  if (res == FAB_OK && waits_for_notice(p)) res = fab_stripe_pump(rc);
   int left = 0;
   for (int k = 0; k < p->nchild && res == FAB_OK; k++) {
     fab_rails_child* ch = &p->child[k];

@@ -134,28 +134,34 @@ static int test_one(void** req, uint8_t* done, int* size, fab_result* res) {
 
 /* --- send --------------------------------------------------------------------------- */
 
-/* Posts what of sp is not posted yet (the notice, then stripes 1..). */
+/* Posts what of sp is not posted yet: stripe 0 (the message, with its tag),
+ * then the others. The notice went first (fab_stripe_isend). Until stripe 0
+ * is posted the comm's later sends wait (st->blocked): none may overtake it
+ * on its tag. */
 static fab_result send_post_rest(fab_stripe_send* sp) {
   fab_rails_comm* rc = sp->rc;
   fab_stripes* st = rc->stripes;
   fab_result res = FAB_OK;
-  if (!sp->notice_posted) {
-    int r = post_one(rc, sp->part[0].rail, 1, &st->tx[sp->slot], sizeof(st->tx[0]), FAB_STRIPE_TAG_CTRL,
-                     st->mh[sp->part[0].rail], &sp->notice_req, &res);
-    if (r <= 0) return res;
-    sp->notice_posted = 1;
-  }
-  for (int j = 1; j < sp->m; j++) {
+  for (int j = 0; j < sp->m; j++) {
     fab_stripe_part* pt = &sp->part[j];
     if (pt->posted) continue;
-    int r = post_one(rc, pt->rail, 1, sp->data + pt->off, pt->len, FAB_STRIPE_TAG(st->tx[sp->slot].seq),
-                     fab_rails_member_mh(sp->mhandle, pt->rail), &pt->req, &res);
+    int tag = j ? FAB_STRIPE_TAG(st->tx[sp->slot].seq) : st->tx[sp->slot].tag;
+    int r = post_one(rc, pt->rail, 1, sp->data + pt->off, pt->len, tag, fab_rails_member_mh(sp->mhandle, pt->rail),
+                     &pt->req, &res);
     if (r <= 0) return res;
     pt->posted = 1;
+    if (j == 0) st->blocked = NULL;
   }
   return FAB_OK;
 }
 
+fab_result fab_stripe_unblock(fab_rails_comm* rc) {
+  fab_stripe_send* sp = rc->stripes ? rc->stripes->blocked : NULL;
+  return sp ? send_post_rest(sp) : FAB_OK;
+}
+
+/* The notice goes first, on the message's rail: ahead of the stripe there,
+ * so the receiver can post the other stripes while stripe 0 moves. */
 fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag, uint32_t k, void* mhandle,
                             void* phandle, void** request) {
   *request = NULL;
@@ -169,38 +175,38 @@ fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag
   uint32_t len[FAB_MAX_RAILS] = {0};
   int m = layout(size, st->threshold, st->stripe, rc->n, len);
   int rail = fab_rails_rail_for(rc, tag, k);
+  fab_stripe_notice* n = &st->tx[sp->slot];
+  *n = (fab_stripe_notice){.magic = FAB_STRIPE_MAGIC, .tag = tag, .k = k, .seq = st->next_seq, .m = (uint8_t)m,
+                           .size = size};
+  memcpy(n->len, len, sizeof(n->len));
+  n->check = notice_check(n);
   fab_result res = FAB_OK;
-  /* the message itself first: until it is posted nothing else is */
-  void* first_req = NULL;
-  int r = post_one(rc, rail, 1, data, len[0], tag, fab_rails_member_mh(mhandle, rail), &first_req, &res);
-  if (r <= 0) return res;
+  int r = post_one(rc, rail, 1, n, sizeof(*n), FAB_STRIPE_TAG_CTRL, st->mh[rail], &sp->notice_req, &res);
+  if (r <= 0) return res; /* not now: nothing went */
   st->send_free = sp->next;
+  st->next_seq = (uint16_t)((st->next_seq + 1) % FAB_STRIPE_SEQS);
   sp->magic = FAB_SREQ_MAGIC;
   sp->rc = rc;
   sp->m = m;
   sp->size = size;
   sp->data = data;
   sp->mhandle = mhandle;
-  sp->notice_posted = sp->notice_done = 0;
+  sp->notice_posted = 1;
+  sp->notice_done = 0;
   size_t off = 0;
   for (int j = 0; j < m; j++) {
-    sp->part[j] = (fab_stripe_part){.rail = (rail + j) % rc->n, .off = off, .len = len[j], .posted = j == 0};
+    sp->part[j] = (fab_stripe_part){.rail = (rail + j) % rc->n, .off = off, .len = len[j]};
     off += len[j];
   }
-  sp->part[0].req = first_req;
-  fab_stripe_notice* n = &st->tx[sp->slot];
-  *n = (fab_stripe_notice){.magic = FAB_STRIPE_MAGIC, .tag = tag, .k = k, .seq = st->next_seq, .m = (uint8_t)m,
-                           .size = size};
-  memcpy(n->len, len, sizeof(n->len));
-  n->check = notice_check(n);
-  st->next_seq = (uint16_t)((st->next_seq + 1) % FAB_STRIPE_SEQS);
+  st->blocked = sp;
+  *request = sp;
+  res = send_post_rest(sp); /* what cannot go now goes from test */
   fab_comm* c = rc->c[rail];
-  if (phandle && fab_prof_wanted(&c->prof_skip)) {
+  if (sp->part[0].posted && phandle && fab_prof_wanted(&c->prof_skip)) {
     size_t first = len[0];
     fab_prof_posted(sp->part[0].req, &phandle, &first, &tag);
   }
-  *request = sp;
-  return send_post_rest(sp); /* what cannot go now goes from test */
+  return res;
 }
 
 static void send_put(fab_stripe_send* sp) {
@@ -269,13 +275,14 @@ static fab_result notice_in(fab_rails_comm* rc, int rail, const fab_stripe_notic
 }
 
 /* Reads the notices come in on rail k and keeps FAB_STRIPE_CTRL_RX receives
- * posted there. One progress call for the rail, then only requests that
+ * posted there. One progress call for the rail (none where the rail has a
+ * polling thread of its own), then only requests that
  * completed are tested (a pending one is left alone: its rail's data
  * requests report a failed connection). */
 static fab_result pump_rail(fab_rails_comm* rc, int k) {
   fab_stripes* st = rc->stripes;
   fab_comm* c = rc->c[k];
-  for (int q = 0; q < FAB_STRIPE_CTRL_RX; q++) {
+  for (int q = 0; q < FAB_STRIPE_CTRL_RX && !rc->threads; q++) { /* a rail's own thread polls it */
     fab_req* r = st->rx_req[k][q];
     if (r && atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
       c->ops->progress(c, r);
