@@ -224,6 +224,7 @@ int fab_rails_rail_for(const fab_rails_comm* rc, int tag, uint32_t k);
 void* fab_rails_member_mh(void* mhandle, int rail);
 
 /* fab_rails_stripe.c */
+uint32_t fab_stripe_notice_check(const fab_stripe_notice* n);
 /* A send of size >= rc->stripe_from, split: *request NULL when not now. */
 fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag, uint32_t k, void* mhandle,
                             void* phandle, void** request);

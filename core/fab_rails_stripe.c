@@ -24,7 +24,7 @@
 #include "fab_req.h"
 #include "fab_transport.h"
 
-static uint32_t notice_check(const fab_stripe_notice* n) {
+uint32_t fab_stripe_notice_check(const fab_stripe_notice* n) {
   uint32_t c = n->magic ^ (uint32_t)n->tag ^ n->k ^ n->seq ^ (uint32_t)n->m << 16 ^ (uint32_t)n->size ^
                (uint32_t)(n->size >> 32);
   for (int j = 0; j < FAB_MAX_RAILS; j++) c = (c << 5 | c >> 27) ^ n->len[j];
@@ -179,7 +179,7 @@ fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag
   *n = (fab_stripe_notice){.magic = FAB_STRIPE_MAGIC, .tag = tag, .k = k, .seq = st->next_seq, .m = (uint8_t)m,
                            .size = size};
   memcpy(n->len, len, sizeof(n->len));
-  n->check = notice_check(n);
+  n->check = fab_stripe_notice_check(n);
   fab_result res = FAB_OK;
   int r = post_one(rc, rail, 1, n, sizeof(*n), FAB_STRIPE_TAG_CTRL, st->mh[rail], &sp->notice_req, &res);
   if (r <= 0) return res; /* not now: nothing went */
@@ -255,7 +255,7 @@ void fab_stripe_recv_put(fab_rails_comm* rc, fab_stripe_recv* sr) {
 /* A notice that came in on rail `rail`, checked before it is held. */
 static fab_result notice_in(fab_rails_comm* rc, int rail, const fab_stripe_notice* n, int len) {
   fab_comm* c = rc->c[rail];
-  if (len != (int)sizeof(*n) || n->magic != FAB_STRIPE_MAGIC || n->check != notice_check(n))
+  if (len != (int)sizeof(*n) || n->magic != FAB_STRIPE_MAGIC || n->check != fab_stripe_notice_check(n))
     return protocol_error(c, "a malformed stripe notice came in");
   uint64_t sum = 0;
   int ok = n->m >= 1 && n->m <= rc->n && n->seq < FAB_STRIPE_SEQS && n->len[0] >= rc->stripe_from &&
@@ -314,44 +314,52 @@ fab_result fab_stripe_pump(fab_rails_comm* rc) {
   return FAB_OK;
 }
 
-/* The held notice for sr, taken: its stripes laid out in sr. */
-static int notice_take(fab_rails_comm* rc, fab_stripe_recv* sr, fab_result* res) {
+/* The held notice for sr, taken: its stripes laid out in sr (none when the
+ * message is larger than the buffer: it fails once stripe 0 has landed). */
+static void notice_take(fab_rails_comm* rc, fab_stripe_recv* sr) {
   fab_stripes* st = rc->stripes;
   for (int i = 0; i < FAB_STRIPE_NOTICES; i++) {
     fab_stripe_notice* n = &st->held[i];
     if (!n->magic || n->tag != sr->tag || n->k != sr->k) continue;
     n->magic = 0;
-    if (n->size > sr->cap) {
-      FAB_WARN("irecv on %s: a message of %llu bytes (tag %d) for a buffer of %zu bytes; the receive fails as "
-               "truncated, and the connection with it", rc->c[sr->rail]->peer_name, (unsigned long long)n->size,
-               sr->tag, sr->cap);
-      pthread_mutex_lock(&rc->c[sr->rail]->ep->lock);
-      fab_comm_truncated(rc->c[sr->rail]);
-      pthread_mutex_unlock(&rc->c[sr->rail]->ep->lock);
-      *res = FAB_ERR_INVALID_USAGE;
-      return -1;
-    }
     sr->noticed = 1;
-    sr->m = n->m;
     sr->size = n->size;
     sr->seq = n->seq;
+    sr->m = n->size > sr->cap ? 1 : n->m;
     size_t off = 0;
     for (int j = 0; j < n->m; j++) {
       sr->part[j] = (fab_stripe_part){.rail = (sr->rail + j) % rc->n, .off = off, .len = n->len[j]};
       off += n->len[j];
     }
-    return 1;
+    return;
   }
-  return 0;
+}
+
+/* A split message larger than its buffer, once stripe 0 has landed (so
+ * nothing is still being written into the buffer when the runtime frees
+ * it): the receive fails as truncated, and the connection with it. */
+static fab_result truncated(fab_rails_comm* rc, fab_stripe_recv* sr) {
+  fab_comm* c = rc->c[sr->rail];
+  FAB_WARN("irecv on %s: a message of %llu bytes (tag %d) for a buffer of %zu bytes; the receive fails as "
+           "truncated, and the connection with it", c->peer_name, (unsigned long long)sr->size, sr->tag, sr->cap);
+  pthread_mutex_lock(&c->ep->lock);
+  fab_comm_truncated(c);
+  pthread_mutex_unlock(&c->ep->lock);
+  return FAB_ERR_INVALID_USAGE;
 }
 
 int fab_stripe_recv_test(fab_rails_comm* rc, fab_stripe_recv* sr, int got, int* size, fab_result* res) {
   *res = FAB_OK;
   if (sr->done) return 0;
-  if (!sr->noticed && notice_take(rc, sr, res) < 0) return -1;
+  if (!sr->noticed) notice_take(rc, sr);
   if (!sr->noticed) {
     if (got && (uint32_t)*size < rc->stripe_from) return sr->done = 1, 0; /* a whole message */
     return 1;
+  }
+  if (sr->size > sr->cap) {
+    if (!got) return 1;
+    *res = truncated(rc, sr);
+    return -1;
   }
   if (got && (uint64_t)*size != sr->part[0].len) {
     *res = protocol_error(rc->c[sr->rail], "the first stripe of a split message has another length than its notice");

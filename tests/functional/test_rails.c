@@ -6,6 +6,8 @@
  * (net v9+) and the core, on both providers and transports; tables without
  * it check that the copies are devices of their own.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,6 +291,98 @@ FT_PAIR_TEST(rails_stripes, 120) {
   ft_side_close(&s);
 }
 
+/* Tests req until it fails; the failing call logs exactly one WARN, which
+ * names `why`. A request that completes instead fails the test. */
+static void expect_request_fails(ft_side* s, void* req, const char* why) {
+  for (int64_t end = ft_now_ms() + T_MS; ft_now_ms() < end;) {
+    int done = 0, sizes[FAB_MAX_RECVS];
+    int w0 = ft_log_warns();
+    ft_log_expect_warns(1);
+    fab_result rc = s->api->test(req, &done, sizes);
+    ft_log_expect_warns(0);
+    if (rc != FAB_OK) {
+      FT_CHECK(ft_log_warns() - w0 == 1, "%d WARN lines for the failure, expected 1", ft_log_warns() - w0);
+      FT_CHECK(strstr(ft_log_last_warn(), why) != NULL, "the WARN: %s (expected it to say \"%s\")",
+               ft_log_last_warn(), why);
+      return;
+    }
+    FT_CHECK(!done, "the request completed (%d bytes); it should have failed: %s", sizes[0], why);
+  }
+  FT_FAIL("the request neither failed nor completed in %d ms (%s)", T_MS, why);
+}
+
+/* Tests a send in a thread of its own until told to stop (or it ends), so
+ * that the provider progresses it while the test's thread waits for the
+ * peer's verdict, as NCCL's proxy thread would keep testing it. */
+typedef struct send_driver {
+  ft_side* s;
+  void* req;
+  atomic_int stop;
+  pthread_t thread;
+} send_driver;
+
+static void* drive_send(void* arg) {
+  send_driver* d = arg;
+  while (!atomic_load(&d->stop)) {
+    int done = 0;
+    if (d->s->api->test(d->req, &done, NULL) != FAB_OK || done) break;
+  }
+  return NULL;
+}
+
+static void drive_start(send_driver* d, ft_side* s, void* req) {
+  d->s = s;
+  d->req = req;
+  atomic_init(&d->stop, 0);
+  FT_CHECK(pthread_create(&d->thread, NULL, drive_send, d) == 0, "pthread_create");
+}
+
+static void drive_stop(send_driver* d) {
+  atomic_store(&d->stop, 1);
+  pthread_join(d->thread, NULL);
+}
+
+/* A split message larger than its buffer: the receive fails as truncated
+ * once the notice names the size (stripe 0 alone fits), one WARN, no hang;
+ * nothing is written past the buffer. */
+FT_PAIR_TEST(rails_stripe_truncated, 60) {
+  setenv("FABRIC_STRIPE_THRESHOLD", "65536", 1);
+  ft_side s;
+  int nphys = open_with_copies(&s, peer);
+  if (!s.api->make_vdevice) {
+    ft_side_close(&s);
+    return;
+  }
+  s.dev = fuse(&s, nphys, 2);
+  FT_OK(s.api->get_properties(s.dev, &s.props));
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  enum { SENT = 2 << 20, CAP = 1 << 20, GUARD = 4096 };
+  ft_mr m;
+  int parent = ft_role() == FT_PARENT;
+  ft_mr_alloc(&s, &m, parent ? c.send_comm : c.recv_comm, SENT + GUARD);
+  if (parent) {
+    ft_fill(m.buf, SENT, 99);
+    send_driver d;
+    drive_start(&d, &s, post_send(&s, c.send_comm, m.buf, SENT, 50, m.mh)); /* never completes */
+    ft_sync(peer, "truncated", T_MS);
+    drive_stop(&d);
+  } else {
+    memset(m.buf, 0x5a, SENT + GUARD);
+    size_t cap = CAP;
+    int tag = 50;
+    void* req = post_recv(&s, c.recv_comm, 1, &m.buf, &cap, &tag, &m.mh);
+    expect_request_fails(&s, req, "truncated");
+    const unsigned char* past = (const unsigned char*)m.buf + CAP;
+    for (size_t i = 0; i < SENT + GUARD - CAP; i++)
+      FT_CHECK(past[i] == 0x5a, "byte %zu past the %d-byte buffer was written", i, CAP);
+    ft_sync(peer, "truncated", T_MS);
+  }
+  ft_close_all(&s, &c, 1);
+  ft_mr_free(&s, &m);
+  ft_side_close(&s);
+}
+
 /* The same over 2 and 4 rails with a polling thread per rail
  * (FABRIC_RAIL_THREADS; ignored on intra-host providers): started with the
  * first comm on a rail's endpoint, joined when the last one closes. */
@@ -403,6 +497,59 @@ FT_PAIR_TEST(rails_one_rail_fails, 60) {
   ft_close_all(&s, &c, 1); /* first: the receive on rail 0 still holds its buffer */
   ft_mr_free(&s, &sm);
   ft_mr_free(&s, &rm);
+  ft_side_close(&s);
+}
+
+/* A peer that lies in a notice (stripes that do not add up to its size):
+ * the receive waiting for it fails with one WARN, the comm with it; nothing
+ * is posted at the offsets it names. Sent through rail 0's own comm, as a
+ * peer of another build could. */
+FT_PAIR_TEST(rails_stripe_forged_notice, 60) {
+  setenv("FABRIC_STRIPE_THRESHOLD", "65536", 1);
+  ft_side s;
+  int nphys = open_with_copies(&s, peer);
+  if (ft_api_selected() != FT_API_CORE || !s.api->make_vdevice) {
+    ft_side_close(&s);
+    return;
+  }
+  s.dev = fuse(&s, nphys, 2);
+  FT_OK(s.api->get_properties(s.dev, &s.props));
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  enum { CAP = 1 << 20, TAG = 60 }; /* the first message of tag 60 goes on rail 60 % 2 = 0 */
+  if (ft_role() == FT_PARENT) {
+    fab_rails_comm* rc = fab_obj_get(c.send_comm, FAB_OBJ_RAILS_SEND);
+    FT_CHECK(rc != NULL, "not a comm over rails");
+    static fab_stripe_notice n;
+    n = (fab_stripe_notice){.magic = FAB_STRIPE_MAGIC, .tag = TAG, .k = 0, .seq = 0, .m = 2, .size = CAP};
+    n.len[0] = CAP / 2;
+    n.len[1] = 100; /* adds up to less than size */
+    n.check = fab_stripe_notice_check(&n);
+    void* mh = NULL;
+    FT_OK(s.api->reg_mr(rc->rail[0], &n, sizeof(n), FAB_PTR_HOST, &mh));
+    void* req = NULL;
+    for (int64_t end = ft_now_ms() + T_MS; !req && ft_now_ms() < end;)
+      FT_OK(s.api->isend(rc->rail[0], &n, sizeof(n), FAB_STRIPE_TAG_CTRL, mh, NULL, &req));
+    FT_CHECK(req != NULL, "the forged notice could not be posted");
+    send_driver d;
+    drive_start(&d, &s, req);
+    ft_sync(peer, "failed", T_MS);
+    drive_stop(&d);
+    FT_OK(s.api->dereg_mr(rc->rail[0], mh));
+  } else {
+    ft_mr m;
+    ft_mr_alloc(&s, &m, c.recv_comm, CAP);
+    size_t cap = CAP;
+    int tag = TAG;
+    void* req = post_recv(&s, c.recv_comm, 1, &m.buf, &cap, &tag, &m.mh);
+    expect_request_fails(&s, req, "do not add up");
+    ft_sync(peer, "failed", T_MS);
+    ft_close_all(&s, &c, 1);
+    ft_mr_free(&s, &m);
+    ft_side_close(&s);
+    return;
+  }
+  ft_close_all(&s, &c, 1);
   ft_side_close(&s);
 }
 #endif
