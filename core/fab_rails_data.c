@@ -41,6 +41,10 @@ static fab_result rails_ok(fab_rails_comm* rc, const char* fn) {
 }
 
 /* The rail's own memory handle inside a handle registered on the comm. */
+fab_result fab_rails_req_test(const fab_rails_comm* rc, void* req, int* done, int* sizes) {
+  return rc->threads ? fab_req_test_unpolled(req, done, sizes) : fab_req_test(req, done, sizes);
+}
+
 void* fab_rails_member_mh(void* mhandle, int rail) {
   if (!mhandle) return NULL;
   fab_rails_mr* m = fab_obj_get(mhandle, FAB_OBJ_RAILS_MR);
@@ -377,7 +381,7 @@ fab_result fab_rails_test(void* request, int* done, int* sizes) {
     }
     int d = 0;
     int got[FAB_MAX_RECVS];
-    res = fab_req_test(ch->req, &d, got);
+    res = fab_rails_req_test(rc, ch->req, &d, got);
     if (res == FAB_OK && !d) left++;
     if (res != FAB_OK || !d) continue;
     ch->done = 1;

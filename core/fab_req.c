@@ -99,10 +99,10 @@ static fab_result still_pending(fab_req* r, int* done) {
   return rc;
 }
 
-fab_result fab_req_test(fab_req* r, int* done, int* sizes) {
+static inline __attribute__((always_inline)) fab_result req_test(fab_req* r, int* done, int* sizes, int poll) {
   fab_comm* c = r->comm;
   if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
-    c->ops->progress(c, r);
+    if (poll) c->ops->progress(c, r);
     if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
       fab_result rc = still_pending(r, done);
       if (*done || rc != FAB_OK) return rc;
@@ -124,6 +124,10 @@ fab_result fab_req_test(fab_req* r, int* done, int* sizes) {
   fab_req_put(r);
   return rc;
 }
+
+fab_result fab_req_test(fab_req* r, int* done, int* sizes) { return req_test(r, done, sizes, 1); }
+
+fab_result fab_req_test_unpolled(fab_req* r, int* done, int* sizes) { return req_test(r, done, sizes, 0); }
 
 /* --- liveness ----------------------------------------------------------------- */
 

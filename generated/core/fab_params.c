@@ -21,7 +21,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->local_send_endpoints = 16;
   params->rails = 1;
   params->rail_threads = 0;
-  params->stripe_threshold = 262144u;
+  params->stripe_threshold = 4194304u;
   params->stripe_size = 131072u;
   snprintf(params->transport, sizeof params->transport, "%s", "auto");
   params->delivery_complete = -1;
@@ -195,10 +195,10 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
   if ((s = getenv("FABRIC_STRIPE_THRESHOLD")) != NULL) {
     unsigned long long v;
     if (parse_size(s, &v) != 0) {
-      complain(errbuf, errbuf_size, "FABRIC_STRIPE_THRESHOLD=%s is not a size (bytes, optional K/M/G/T); using 262144", s);
+      complain(errbuf, errbuf_size, "FABRIC_STRIPE_THRESHOLD=%s is not a size (bytes, optional K/M/G/T); using 4194304", s);
       bad++;
     } else if (v > 2147483647u) {
-      complain(errbuf, errbuf_size, "FABRIC_STRIPE_THRESHOLD=%s is outside %zu..%zu; using 262144", s, (size_t)0u, (size_t)2147483647u);
+      complain(errbuf, errbuf_size, "FABRIC_STRIPE_THRESHOLD=%s is outside %zu..%zu; using 4194304", s, (size_t)0u, (size_t)2147483647u);
       bad++;
     } else {
       params->stripe_threshold = (size_t)v;

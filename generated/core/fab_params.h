@@ -35,7 +35,7 @@ struct fab_params {
   int rails;
   /* FABRIC_RAIL_THREADS: Comms over several rails: give every rail's endpoint a thread that polls its completion queue while such a comm is open, so that the rails' provider progress (its copies, the kernel's socket work) runs on several cores rather than all in the caller's thread. Costs a spinning core per rail and measured slower for small messages (docs/performance.md §5.1). */
   int rail_threads;
-  /* FABRIC_STRIPE_THRESHOLD: Comms over several rails: a message of at least this many bytes is split into stripes sent on several rails at once; a smaller one goes whole on one rail, round-robin. The sender's value holds for the connection (it travels in the handshake). Values below 4 KiB count as 4 KiB; 0 never splits. */
+  /* FABRIC_STRIPE_THRESHOLD: Comms over several rails: a message of at least this many bytes is split into stripes sent on several rails at once; a smaller one goes whole on one rail, round-robin. The sender's value holds for the connection (it travels in the handshake). Values below 4 KiB count as 4 KiB; 0 never splits. The default is where splitting stopped losing on the loopback providers measured (docs/performance.md §5.3); on NICs that move data without the host's CPU, measure lower values with tests/bench/stripes.sh. */
   size_t stripe_threshold;
   /* FABRIC_STRIPE_SIZE: Comms over several rails: the size a stripe aims at. A split message gets one stripe per this many bytes, at least 2 and at most one per rail; its first stripe, on the message's own rail, is never smaller than FABRIC_STRIPE_THRESHOLD. */
   size_t stripe_size;

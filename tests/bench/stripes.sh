@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Split against whole messages over R rails, side by side in one run: netbench drives one build twice, interleaved,
-# as "plugin" with messages split over the rails (FABRIC_STRIPE_THRESHOLD as set, else its default) and as
+# as "plugin" with messages split over the rails (FABRIC_STRIPE_THRESHOLD as set, else 256 KiB) and as
 # "plugin-b" with FABRIC_STRIPE_THRESHOLD=0 (every message whole on one rail, round-robin). Same device (R copies
 # of the provider's device, fused: netbench --rails R), same transport, same process layout.
 #
@@ -13,6 +13,7 @@
 set -uo pipefail
 nb=${1:?usage: stripes.sh <netbench> <plugin.so> <provider> "<R list>" "<window list>" [reps]}
 plugin=${2:?}; prov=${3:?}; counts=${4:?}; windows=${5:?}; reps=${6:-3}
+export FABRIC_STRIPE_THRESHOLD=${FABRIC_STRIPE_THRESHOLD:-262144}
 tmp=$(mktemp -d)
 mkdir -p "$tmp/b" && cp "$plugin" "$tmp/b/" || exit 1 # plugin-b must be another file to load twice
 fail=0
