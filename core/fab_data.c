@@ -47,13 +47,6 @@ static fab_result reg_range_check(const void* data, size_t size, const char* fn)
   return FAB_ERR_INVALID_ARG;
 }
 
-/* NCCL registers every buffer it sends or receives: a NULL memory handle for
- * a non-empty one is a caller's bug, whatever the provider needs. */
-static __attribute__((noinline, cold)) fab_result null_mhandle(const char* fn, const char* arg, size_t size) {
-  FAB_WARN("%s: %s is NULL for a buffer of %zu bytes; pass the handle regMr returned for it", fn, arg, size);
-  return FAB_ERR_INTERNAL;
-}
-
 fab_result fab_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
   if (!mhandle) return fab_bad_argument("regMr", "mhandle", 0, "a non-NULL pointer");
   *mhandle = NULL;
@@ -115,16 +108,11 @@ fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mh
     comm_warn(send_comm, FAB_OBJ_SEND, "isend");
     return FAB_ERR_INTERNAL;
   }
-  if (FAB_UNLIKELY(size > c->max_bytes)) {
-    FAB_WARN("isend: size %zu exceeds maxP2pBytes %zu of %s; NCCL must split larger transfers", size, c->max_bytes,
-             c->dev->name);
-    return FAB_ERR_INTERNAL;
-  }
-  if (FAB_UNLIKELY(!data && size)) return fab_bad_argument("isend", "data", 0, "a buffer for a non-empty send");
-  if (FAB_UNLIKELY(!mhandle && size)) return null_mhandle("isend", "mhandle", size);
+  fab_result rc = fab_buffer_ok(c->dev->name, c->max_bytes, -1, data, size, mhandle);
+  if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   if (FAB_UNLIKELY(c->error != FAB_OK)) return fab_comm_failed(c, "isend");
   fab_mr* mr;
-  fab_result rc = fab_mr_resolve(c, mhandle, data, size, "isend", &mr);
+  rc = fab_mr_resolve(c, mhandle, data, size, "isend", &mr);
   if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   rc = c->ops->isend(c, data, size, tag, mr, request);
   if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return fab_comm_not_now(c, "isend");
@@ -148,13 +136,10 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
   if (FAB_UNLIKELY(c->error != FAB_OK)) return fab_comm_failed(c, "irecv");
   fab_mr* mrs[FAB_MAX_RECVS];
   for (int i = 0; i < n; i++) {
-    if (FAB_UNLIKELY(sizes[i] > c->max_bytes)) {
-      FAB_WARN("irecv: sizes[%d] = %zu exceeds maxP2pBytes %zu of %s", i, sizes[i], c->max_bytes, c->dev->name);
-      return FAB_ERR_INTERNAL;
-    }
-    if (FAB_UNLIKELY(!data[i] && sizes[i])) return fab_bad_argument("irecv", "data[i]", i, "a buffer");
-    if (FAB_UNLIKELY((!mhandles || !mhandles[i]) && sizes[i])) return null_mhandle("irecv", "mhandles[i]", sizes[i]);
-    fab_result rc = fab_mr_resolve(c, mhandles ? mhandles[i] : NULL, data[i], sizes[i], "irecv", &mrs[i]);
+    void* mh = mhandles ? mhandles[i] : NULL;
+    fab_result rc = fab_buffer_ok(c->dev->name, c->max_bytes, i, data[i], sizes[i], mh);
+    if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
+    rc = fab_mr_resolve(c, mh, data[i], sizes[i], "irecv", &mrs[i]);
     if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   }
   fab_result rc = c->ops->irecv(c, n, data, sizes, tags, mrs, request);

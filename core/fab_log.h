@@ -21,4 +21,18 @@ void fab_log_info(unsigned long subsys, const char* func, int line, const char* 
 #define FAB_WARN(...) fab_log_warn(__FILE__, __LINE__, __VA_ARGS__)
 #define FAB_INFO(subsys, ...) fab_log_info((subsys), __func__, __LINE__, __VA_ARGS__)
 
+/* The runtime's buffers as isend and irecv take them, for a comm whose
+ * largest message is max bytes on device dev: FAB_OK, or one WARN naming what
+ * is wrong (over maxP2pBytes, no buffer, no memory handle: NCCL registers
+ * every buffer it moves, so a NULL handle for a non-empty one is a caller's
+ * bug whatever the provider needs). i: the buffer's index in a grouped
+ * receive, -1 for a send. */
+__attribute__((cold)) fab_result fab_buffer_refused(const char* dev, size_t max, int i, const void* data, size_t size,
+                                                    const void* mhandle);
+static inline fab_result fab_buffer_ok(const char* dev, size_t max, int i, const void* data, size_t size,
+                                       const void* mhandle) {
+  if (__builtin_expect(size <= max && ((data && mhandle) || !size), 1)) return FAB_OK;
+  return fab_buffer_refused(dev, max, i, data, size, mhandle);
+}
+
 #endif /* FAB_LOG_H */

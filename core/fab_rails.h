@@ -218,7 +218,7 @@ typedef struct fab_rails_mr {
 /* fab_rails_data.c: a comm's parents, when it closes. */
 void fab_rails_data_free(fab_rails_comm* rc);
 
-/* fab_rails_data.c: the rail of the k-th message of a tag; the rail's own
+/* fab_rails_route.c: the rail of the k-th message of a tag; the rail's own
  * memory handle inside a handle registered on the comm; a rail's test. */
 int fab_rails_rail_for(const fab_rails_comm* rc, int tag, uint32_t k);
 void* fab_rails_member_mh(void* mhandle, int rail);

@@ -17,9 +17,6 @@
 #include "fab_req.h"
 #include "fab_transport.h"
 
-int fab_rails_rail_for(const fab_rails_comm* rc, int tag, uint32_t k) {
-  return (int)((k + (uint32_t)tag) % (uint32_t)rc->n);
-}
 
 static fab_rails_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char* fn) {
   fab_rails_comm* rc = fab_obj_get(handle, kind);
@@ -40,16 +37,6 @@ static fab_result rails_ok(fab_rails_comm* rc, const char* fn) {
   return FAB_OK;
 }
 
-/* The rail's own memory handle inside a handle registered on the comm. */
-fab_result fab_rails_req_test(const fab_rails_comm* rc, void* req, int* done, int* sizes) {
-  return rc->threads ? fab_req_test_unpolled(req, done, sizes) : fab_req_test(req, done, sizes);
-}
-
-void* fab_rails_member_mh(void* mhandle, int rail) {
-  if (!mhandle) return NULL;
-  fab_rails_mr* m = fab_obj_get(mhandle, FAB_OBJ_RAILS_MR);
-  return m && rail < m->n ? m->mh[rail] : mhandle; /* another handle: resolving it WARNs */
-}
 
 
 static fab_result reserved_tag(const char* fn, int tag) {
@@ -58,24 +45,15 @@ static fab_result reserved_tag(const char* fn, int tag) {
   return FAB_ERR_INVALID_ARG;
 }
 
-static fab_result too_large(fab_rails_comm* rc, const char* fn, size_t size) {
-  FAB_WARN("%s: size %zu exceeds maxP2pBytes %zu of %s; NCCL must split larger transfers", fn, size,
-           rc->dev->props.max_p2p_bytes, rc->dev->name);
-  return FAB_ERR_INTERNAL;
-}
 
 fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                            void** request) {
   fab_rails_comm* rc = comm_or_warn(send_comm, FAB_OBJ_RAILS_SEND, "isend");
   if (!rc) return FAB_ERR_INTERNAL;
-  if (size > rc->dev->props.max_p2p_bytes) return too_large(rc, "isend", size);
-  if (!data && size) return fab_bad_argument("isend", "data", 0, "a buffer for a non-empty send");
-  if (!mhandle && size) {
-    FAB_WARN("isend: mhandle is NULL for a buffer of %zu bytes; pass the handle regMr returned for it", size);
-    return FAB_ERR_INTERNAL;
-  }
+  fab_result res = fab_buffer_ok(rc->dev->name, rc->dev->props.max_p2p_bytes, -1, data, size, mhandle);
+  if (res != FAB_OK) return res;
   if (tag < FAB_RAILS_TAG_MIN) return reserved_tag("isend", tag);
-  fab_result res = rails_ok(rc, "isend");
+  res = rails_ok(rc, "isend");
   if (res != FAB_OK) return res;
   if (FAB_UNLIKELY(rc->stripes && rc->stripes->blocked)) { /* a split's stripe 0 goes before any later send */
     *request = NULL;
@@ -192,14 +170,10 @@ static fab_result recv_args_ok(fab_rails_comm* rc, int n, void** data, const siz
   if (n < 1 || n > FAB_MAX_RECVS) return fab_bad_argument("irecv", "n", n, "1..8 (maxRecvs)");
   if (!data || !sizes || !tags) return fab_bad_argument("irecv", "data/sizes/tags", 0, "arrays of n");
   for (int i = 0; i < n; i++) {
-    if (sizes[i] > rc->dev->props.max_p2p_bytes) return too_large(rc, "irecv", sizes[i]);
-    if (!data[i] && sizes[i]) return fab_bad_argument("irecv", "data[i]", i, "a buffer");
+    fab_result res = fab_buffer_ok(rc->dev->name, rc->dev->props.max_p2p_bytes, i, data[i], sizes[i],
+                                   mhandles ? mhandles[i] : NULL);
+    if (res != FAB_OK) return res;
     if (tags[i] < FAB_RAILS_TAG_MIN) return reserved_tag("irecv", tags[i]);
-    if ((!mhandles || !mhandles[i]) && sizes[i]) {
-      FAB_WARN("irecv: mhandles[%d] is NULL for a buffer of %zu bytes; pass the handle regMr returned for it", i,
-               sizes[i]);
-      return FAB_ERR_INTERNAL;
-    }
   }
   return FAB_OK;
 }

@@ -108,6 +108,10 @@ void fab_stripe_free(fab_rails_comm* rc) {
 static int post_one(fab_rails_comm* rc, int rail, int send, void* data, size_t len, int tag, void* mhandle,
                     void** req, fab_result* res) {
   fab_comm* c = rc->c[rail];
+  if (FAB_UNLIKELY(atomic_load_explicit(&c->error, memory_order_relaxed) != FAB_OK)) {
+    *res = fab_comm_failed(c, send ? "isend" : "irecv"); /* a failed rail takes nothing more */
+    return -1;
+  }
   fab_mr* mr;
   *res = fab_mr_resolve(c, mhandle, data, len, send ? "isend" : "irecv", &mr);
   if (*res != FAB_OK) return -1;

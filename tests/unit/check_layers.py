@@ -23,7 +23,7 @@ FLOORS = {
                  "fab_prof", "fab_pwin"]),
     "transports": (2, ["fab_transport", "sr", "rd", "rd_send", "rd_recv", "rd_common", "rd_proto", "rd_eager"]),
     "connections": (3, ["fab_conn", "fab_ctx", "fab_conn_ep", "fab_ctrl", "fab_listen", "fab_connect", "fab_comm"]),
-    "rails": (4, ["fab_rails", "fab_rails_data", "fab_rails_stripe"]),
+    "rails": (4, ["fab_rails", "fab_rails_data", "fab_rails_stripe", "fab_rails_route"]),
     "api": (5, ["fab_plugin", "fab_data", "fab_api_core", "fab_api", "fab_core", "fab_coll", "fab_coll_ops",
                 "fab_coll_xchg", "fab_coll_api", "fab_p2p_rma"]),
 }
