@@ -50,6 +50,21 @@ static int fuse(ft_side* s, int nphys, int n) {
   return d;
 }
 
+/* Opens the side, fuses n copies and connects both ways. 0 (the side
+ * closed again) where this table cannot: no makeVDevice, or a core-only case
+ * run through a table. */
+static int open_fused(ft_side* s, ft_peer* peer, ft_conn* c, int n, int core_only) {
+  int nphys = open_with_copies(s, peer);
+  if ((core_only && ft_api_selected() != FT_API_CORE) || !s->api->make_vdevice) {
+    ft_side_close(s);
+    return 0;
+  }
+  s->dev = fuse(s, nphys, n);
+  FT_OK(s->api->get_properties(s->dev, &s->props));
+  ft_connect_all(s, c, 1, T_MS);
+  return 1;
+}
+
 /* Posts with a parent handle, as NCCL does (the profiler events name the
  * rail), retrying while the plugin returns no request. */
 static char g_ph;
@@ -349,15 +364,8 @@ static void drive_stop(send_driver* d) {
 FT_PAIR_TEST(rails_stripe_truncated, 60) {
   setenv("FABRIC_STRIPE_THRESHOLD", "65536", 1);
   ft_side s;
-  int nphys = open_with_copies(&s, peer);
-  if (!s.api->make_vdevice) {
-    ft_side_close(&s);
-    return;
-  }
-  s.dev = fuse(&s, nphys, 2);
-  FT_OK(s.api->get_properties(s.dev, &s.props));
   ft_conn c;
-  ft_connect_all(&s, &c, 1, T_MS);
+  if (!open_fused(&s, peer, &c, 2, 0)) return;
   enum { SENT = 2 << 20, CAP = 1 << 20, GUARD = 4096 };
   ft_mr m;
   int parent = ft_role() == FT_PARENT;
@@ -470,15 +478,8 @@ static void fail_rail(void* handle, fab_obj_kind kind) {
  * nothing hangs and nothing partial is reported done. */
 FT_PAIR_TEST(rails_one_rail_fails, 60) {
   ft_side s;
-  int nphys = open_with_copies(&s, peer);
-  if (ft_api_selected() != FT_API_CORE || !s.api->make_vdevice) { /* the rail is failed through the core */
-    ft_side_close(&s);
-    return;
-  }
-  s.dev = fuse(&s, nphys, 2);
-  FT_OK(s.api->get_properties(s.dev, &s.props));
   ft_conn c;
-  ft_connect_all(&s, &c, 1, T_MS);
+  if (!open_fused(&s, peer, &c, 2, 1)) return;
   ft_mr sm, rm;
   ft_mr_alloc(&s, &sm, c.send_comm, 1 << 20);
   ft_mr_alloc(&s, &rm, c.recv_comm, 2 << 20);
@@ -512,15 +513,8 @@ FT_PAIR_TEST(rails_one_rail_fails, 60) {
 FT_PAIR_TEST(rails_stripe_forged_notice, 60) {
   setenv("FABRIC_STRIPE_THRESHOLD", "65536", 1);
   ft_side s;
-  int nphys = open_with_copies(&s, peer);
-  if (ft_api_selected() != FT_API_CORE || !s.api->make_vdevice) {
-    ft_side_close(&s);
-    return;
-  }
-  s.dev = fuse(&s, nphys, 2);
-  FT_OK(s.api->get_properties(s.dev, &s.props));
   ft_conn c;
-  ft_connect_all(&s, &c, 1, T_MS);
+  if (!open_fused(&s, peer, &c, 2, 1)) return;
   enum { CAP = 1 << 20, TAG = 60 }; /* the first message of tag 60 goes on rail 60 % 2 = 0 */
   if (ft_role() == FT_PARENT) {
     fab_rails_comm* rc = fab_obj_get(c.send_comm, FAB_OBJ_RAILS_SEND);
@@ -566,15 +560,8 @@ FT_PAIR_TEST(rails_stripe_forged_notice, 60) {
 FT_PAIR_TEST(rails_fail_mid_split, 60) {
   setenv("FABRIC_STRIPE_THRESHOLD", "65536", 1);
   ft_side s;
-  int nphys = open_with_copies(&s, peer);
-  if (ft_api_selected() != FT_API_CORE || !s.api->make_vdevice) {
-    ft_side_close(&s);
-    return;
-  }
-  s.dev = fuse(&s, nphys, 2);
-  FT_OK(s.api->get_properties(s.dev, &s.props));
   ft_conn c;
-  ft_connect_all(&s, &c, 1, T_MS);
+  if (!open_fused(&s, peer, &c, 2, 1)) return;
   enum { LEN = 8 << 20, TAG = 70 };
   ft_mr sm, rm;
   ft_mr_alloc(&s, &sm, c.send_comm, LEN);
