@@ -51,10 +51,13 @@ static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** hand
   }
   rc->stripe_from = rc->c[0]->stripe_from; /* the sender's, from rail 0's handshake */
   rc->threads = fab_g.params.rail_threads;
-  for (int k = 0; k < n && rc->threads; k++)
-    if (fab_ep_helper_acquire(rc->c[k]->ep) != 0)
+  for (int k = 0; k < n && rc->threads; k++) {
+    fab_comm* c = rc->c[k];
+    if (fab_ep_helper_acquire(c->ep) != 0)
       FAB_INFO(FAB_SUBSYS_NET, "rail %d on %s: no polling thread could be started; the caller's thread drives it", k,
-               rc->c[k]->ep->dev->name);
+               c->ep->dev->name);
+    else c->helped = !c->home; /* a comm with a home endpoint to drive as well keeps polling (sr.c) */
+  }
   rc->handle = fab_obj_add(rc->kind, rc);
   if (!rc->handle) {
     for (int k = 0; k < n && rc->threads; k++) fab_ep_helper_release(rc->c[k]->ep);
@@ -276,7 +279,10 @@ static fab_result close_rails(void* handle, fab_obj_kind kind) {
   fab_rails_comm* rc = fab_obj_remove(handle, kind);
   if (!rc) return FAB_ERR_INTERNAL;
   fab_result result = FAB_OK;
-  for (int k = 0; k < rc->n && rc->threads; k++) fab_ep_helper_release(rc->c[k]->ep);
+  for (int k = 0; k < rc->n && rc->threads; k++) {
+    rc->c[k]->helped = 0;
+    fab_ep_helper_release(rc->c[k]->ep);
+  }
   for (int k = 0; k < rc->n; k++) {
     fab_result r = kind == FAB_OBJ_RAILS_SEND ? fab_conn_close_send(rc->rail[k]) : fab_conn_close_recv(rc->rail[k]);
     if (result == FAB_OK) result = r;

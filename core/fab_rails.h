@@ -219,12 +219,9 @@ typedef struct fab_rails_mr {
 void fab_rails_data_free(fab_rails_comm* rc);
 
 /* fab_rails_route.c: the rail of the k-th message of a tag; the rail's own
- * memory handle inside a handle registered on the comm; a rail's test. */
+ * memory handle inside a handle registered on the comm. */
 int fab_rails_rail_for(const fab_rails_comm* rc, int tag, uint32_t k);
 void* fab_rails_member_mh(void* mhandle, int rail);
-/* Tests a rail's request; where the rails have polling threads, without
- * driving progress (the threads do). */
-fab_result fab_rails_req_test(const fab_rails_comm* rc, void* req, int* done, int* sizes);
 
 /* fab_rails_stripe.c */
 uint32_t fab_stripe_notice_check(const fab_stripe_notice* n);

@@ -355,7 +355,7 @@ fab_result fab_rails_test(void* request, int* done, int* sizes) {
     }
     int d = 0;
     int got[FAB_MAX_RECVS];
-    res = fab_rails_req_test(rc, ch->req, &d, got);
+    res = fab_req_test_helped(ch->req, &d, got);
     if (res == FAB_OK && !d) left++;
     if (res != FAB_OK || !d) continue;
     ch->done = 1;

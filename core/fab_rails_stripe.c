@@ -125,9 +125,9 @@ static int post_one(fab_rails_comm* rc, int rail, int send, void* data, size_t l
 }
 
 /* Tests a posted part: 1 pending, 0 done, -1 failed. */
-static int test_one(const fab_rails_comm* rc, void** req, uint8_t* done, int* size, fab_result* res) {
+static int test_one(void** req, uint8_t* done, int* size, fab_result* res) {
   int d = 0, got = 0;
-  *res = fab_rails_req_test(rc, *req, &d, &got);
+  *res = fab_req_test_helped(*req, &d, &got);
   if (*res != FAB_OK) return -1;
   if (!d) return 1;
   *done = 1;
@@ -222,15 +222,14 @@ static void send_put(fab_stripe_send* sp) {
 
 fab_result fab_stripe_send_test(void* request, int* done, int* sizes) {
   fab_stripe_send* sp = request;
-  const fab_rails_comm* rc = sp->rc;
   fab_result res = send_post_rest(sp);
   int left = 0;
   for (int j = 0; j < sp->m && res == FAB_OK; j++) {
     fab_stripe_part* pt = &sp->part[j];
     if (pt->done) continue;
-    if (!pt->posted || test_one(rc, &pt->req, &pt->done, NULL, &res) == 1) left++;
+    if (!pt->posted || test_one(&pt->req, &pt->done, NULL, &res) == 1) left++;
   }
-  if (res == FAB_OK && !sp->notice_done && (!sp->notice_posted || test_one(rc, &sp->notice_req, &sp->notice_done, NULL,
+  if (res == FAB_OK && !sp->notice_done && (!sp->notice_posted || test_one(&sp->notice_req, &sp->notice_done, NULL,
                                                                            &res) == 1))
     left++;
   if (res == FAB_OK && left) return FAB_OK;
@@ -287,7 +286,7 @@ static fab_result notice_in(fab_rails_comm* rc, int rail, const fab_stripe_notic
 static fab_result pump_rail(fab_rails_comm* rc, int k) {
   fab_stripes* st = rc->stripes;
   fab_comm* c = rc->c[k];
-  for (int q = 0; q < FAB_STRIPE_CTRL_RX && !rc->threads; q++) { /* a rail's own thread polls it */
+  for (int q = 0; q < FAB_STRIPE_CTRL_RX && !c->helped; q++) { /* a rail's own thread polls it */
     fab_req* r = st->rx_req[k][q];
     if (r && atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
       c->ops->progress(c, r);
@@ -301,7 +300,7 @@ static fab_result pump_rail(fab_rails_comm* rc, int k) {
       if (atomic_load_explicit(&((fab_req*)*req)->pending, memory_order_acquire) > 0) continue;
       uint8_t d = 0;
       int got = 0;
-      if (test_one(rc, req, &d, &got, &res) < 0) return res;
+      if (test_one(req, &d, &got, &res) < 0) return res;
       res = notice_in(rc, k, &st->rx[k][q], got);
       if (res != FAB_OK) return res;
     }
@@ -381,7 +380,7 @@ int fab_stripe_recv_test(fab_rails_comm* rc, fab_stripe_recv* sr, int got, int* 
       pt->posted = (uint8_t)r;
     }
     int part_size = 0;
-    if (!pt->posted || test_one(rc, &pt->req, &pt->done, &part_size, res) == 1) {
+    if (!pt->posted || test_one(&pt->req, &pt->done, &part_size, res) == 1) {
       left++;
       continue;
     }

@@ -127,7 +127,9 @@ static inline __attribute__((always_inline)) fab_result req_test(fab_req* r, int
 
 fab_result fab_req_test(fab_req* r, int* done, int* sizes) { return req_test(r, done, sizes, 1); }
 
-fab_result fab_req_test_unpolled(fab_req* r, int* done, int* sizes) { return req_test(r, done, sizes, 0); }
+fab_result fab_req_test_helped(fab_req* r, int* done, int* sizes) {
+  return req_test(r, done, sizes, !r->comm->helped);
+}
 
 /* --- liveness ----------------------------------------------------------------- */
 

@@ -61,9 +61,12 @@ size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_er
 
 /* The API's test, for every transport. */
 fab_result fab_req_test(fab_req* r, int* done, int* sizes);
-/* The same without driving the comm's progress (its endpoint has a polling
- * thread of its own): failures and the peer's liveness are still checked. */
-fab_result fab_req_test_unpolled(fab_req* r, int* done, int* sizes);
+/* The same, leaving progress to the comm's polling thread where it has one
+ * (fab_comm.helped); failures and the peer's liveness are checked either
+ * way. For the requests a comm over rails makes of its own (split messages,
+ * grouped receives over rails); the runtime's own tests keep polling, which
+ * measured better for them (docs/performance.md §5.3). */
+fab_result fab_req_test_helped(fab_req* r, int* done, int* sizes);
 
 /* Liveness: a transport's progress calls this while a request of c stays
  * pending: after FAB_STALL_POLLS polls it looks for signs of life from the
