@@ -75,6 +75,8 @@ typedef struct nb_xport_opts {
   int mem;               /* NB_MEM_*: the buffers' kind (registered as such) */
   int rails;             /* > 1: the plugin runs on a virtual device fusing that many copies of device 0
                           * (FABRIC_RAILS, set by netbench when unset) */
+  int nvdevs;            /* > 0: the plugin runs on a virtual device fusing these devices (--vdevice) */
+  int vdevs[8];
 } nb_xport_opts;
 
 int nb_raw_open(nb_xport* x, const nb_xport_opts* o);

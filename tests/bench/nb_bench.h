@@ -41,6 +41,8 @@ typedef struct {
   int version;
   int dev;
   int rails;          /* --rails */
+  int nvdevs;         /* --vdevice: how many devices to fuse, and which */
+  int vdevs[8];
   int modes;          /* bit per mode */
   int tests;
   int reps;

@@ -249,7 +249,9 @@ void xport_open(int m) {
                      .raw_rma = cfg.raw_rma,
                      .nccl_profiler = cfg.nccl_profiler,
                      .mem = cfg.mem,
-                     .rails = cfg.rails};
+                     .rails = cfg.rails,
+                     .nvdevs = cfg.nvdevs};
+  memcpy(o.vdevs, cfg.vdevs, sizeof(o.vdevs));
   memset(&modes[m], 0, sizeof(modes[m]));
   if (m == M_RAW) {
     nb_raw_open(&modes[m].x, &o);

@@ -193,6 +193,19 @@ static int fuse_copies(plug_state* p, const nb_xport_opts* o, int ndev) {
   return d;
 }
 
+/* The virtual device fusing the devices --vdevice named. */
+static int fuse_listed(plug_state* p, const nb_xport_opts* o, int ndev) {
+  if (!p->api.make_vdevice) nb_die("--vdevice: %s has no makeVDevice (net v9+)", p->sym[0] ? p->sym : "the table");
+  fab_vdevice_props vp = {.ndevs = o->nvdevs};
+  for (int k = 0; k < o->nvdevs; k++) {
+    if (o->vdevs[k] >= ndev) nb_die("--vdevice: device %d, the plugin has %d", o->vdevs[k], ndev);
+    vp.devs[k] = o->vdevs[k];
+  }
+  int d = -1;
+  if (p->api.make_vdevice(&d, &vp)) nb_die("--vdevice: makeVDevice failed (the plugin's WARN says why)");
+  return d;
+}
+
 int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   plug_state* p = calloc(1, sizeof(*p));
   plugin_verbose = o->verbose;
@@ -254,6 +267,7 @@ int nb_plugin_open(nb_xport* x, const nb_xport_opts* o) {
   if (p->api.devices(&ndev) || ndev <= 0) nb_die("plugin %s: no devices", o->plugin);
   if (p->dev >= ndev) nb_die("plugin %s: --dev %d but only %d devices", o->plugin, p->dev, ndev);
   if (o->rails > 1) p->dev = fuse_copies(p, o, ndev);
+  if (o->nvdevs > 1) p->dev = fuse_listed(p, o, ndev);
   fab_properties props;
   memset(&props, 0, sizeof(props));
   if (p->api.get_properties(p->dev, &props)) nb_die("plugin: getProperties(%d) failed", p->dev);

@@ -270,6 +270,8 @@ static void usage(FILE* f) {
           "  --dev N              plugin device (default 0)\n"
           "  --rails N            plugin only: run on a virtual device fusing N copies of device 0, each with its\n"
           "                       own endpoint (sets FABRIC_RAILS=N unless set; for one host, see docs/params.md)\n"
+          "  --vdevice A,B[,...]  plugin only: run on a virtual device fusing plugin devices A, B, ... (makeVDevice, as\n"
+          "                       NCCL fuses NICs; a host with several NICs, or copies listed by FABRIC_RAILS)\n"
           "  --cpus A[,B]         pin rank 0 to CPU A and rank 1 to CPU B (one host), or this rank to A\n"
           "                       (two hosts); steadier latency on hosts with many cores or SMT\n"
           "  --raw-hints KIND     raw mode's fi_getinfo hints: plugin (default: the plugin's set, FI_HMEM\n"
@@ -381,7 +383,7 @@ int main(int argc, char** argv) {
   snprintf(plugin_path, sizeof(plugin_path), "%s", env_plugin ? env_plugin : "libnccl-net-fabric.so");
   enum { O_PLUGIN = 256, O_VERSION, O_PROVIDER, O_MODES, O_TESTS, O_REPS, O_SMOKE, O_SERVER, O_CONNECT, O_CSV,
          O_LATSIZES, O_LATITERS, O_BWSIZES, O_WINDOW, O_BWBYTES, O_MAXMEM, O_RATESIZE, O_RATEWIN, O_RATEMSGS,
-         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_NCCL_PROF, O_MEM, O_RAILS, O_HELP };
+         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_NCCL_PROF, O_MEM, O_RAILS, O_VDEVICE, O_HELP };
   static const struct option lo[] = {
       {"plugin", 1, 0, O_PLUGIN}, {"version", 1, 0, O_VERSION}, {"provider", 1, 0, O_PROVIDER},
       {"modes", 1, 0, O_MODES}, {"tests", 1, 0, O_TESTS}, {"reps", 1, 0, O_REPS}, {"smoke", 0, 0, O_SMOKE},
@@ -391,7 +393,7 @@ int main(int argc, char** argv) {
       {"rate-size", 1, 0, O_RATESIZE}, {"rate-window", 1, 0, O_RATEWIN}, {"rate-msgs", 1, 0, O_RATEMSGS},
       {"setup-comms", 1, 0, O_SETUP}, {"mem-comms", 1, 0, O_MEMCOMMS}, {"dev", 1, 0, O_DEV},
       {"raw-hints", 1, 0, O_MINHINTS}, {"cpus", 1, 0, O_CPUS}, {"plugin-b", 1, 0, O_PLUGIN_B}, {"env-b", 1, 0, O_ENV_B}, {"raw-rma", 0, 0, O_RAW_RMA}, {"nccl-profiler", 0, 0, O_NCCL_PROF},
-      {"mem", 1, 0, O_MEM}, {"rails", 1, 0, O_RAILS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+      {"mem", 1, 0, O_MEM}, {"rails", 1, 0, O_RAILS}, {"vdevice", 1, 0, O_VDEVICE}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
   /* Sizes given on the command line win over --smoke's. */
   char lat_arg[512] = "", bw_arg[512] = "";
   int cpus[2] = {-1, -1}, modes_set = 0;
@@ -442,6 +444,18 @@ int main(int argc, char** argv) {
         cfg.rails = atoi(optarg);
         if (cfg.rails < 1 || cfg.rails > 8) nb_die("--rails wants 1..8");
         break;
+      case O_VDEVICE: {
+        char* end = optarg;
+        for (cfg.nvdevs = 0; *end && cfg.nvdevs < 8; end += *end == ',') {
+          char* next;
+          long d = strtol(end, &next, 10);
+          if (next == end || d < 0 || d > 1023) nb_die("--vdevice wants device numbers like 0,1,2,3, got %s", optarg);
+          cfg.vdevs[cfg.nvdevs++] = (int)d;
+          end = next;
+        }
+        if (*end || cfg.nvdevs < 2) nb_die("--vdevice wants 2..8 device numbers, got %s", optarg);
+        break;
+      }
       case O_PLUGIN_B: snprintf(plugin_b_path, sizeof(plugin_b_path), "%s", optarg); break;
       case O_RAW_RMA: cfg.raw_rma = 1; break;
       case O_NCCL_PROF: cfg.nccl_profiler = 1; break;
