@@ -291,9 +291,10 @@ struct fab_comm {
   int mr_local;
   int closing;
   uint8_t rail; /* its rail in a comm over several (fab_rails.h); 0 otherwise */
-  uint32_t stripe_from; /* rail of a comm over several: its sender's FABRIC_STRIPE_THRESHOLD (0: never splits) */
   uint8_t helped; /* its endpoint has a polling thread (FABRIC_RAIL_THREADS) and it has no home endpoint to drive:
                    * the rails' own tests of its requests leave progress to that thread (fab_req_test_helped) */
+  uint32_t stripe_from; /* rail of a comm over several: its sender's FABRIC_STRIPE_THRESHOLD (0: never splits);
+                         * these three fill what was padding before mr_last_handle: the hot fields keep their lines */
   /* the memory handle resolved last (owner thread only), valid while
    * fab_mr_generation has not moved: NCCL sends and receives a connection's
    * steps out of one registered buffer, so this skips the handle lookup */
