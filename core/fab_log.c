@@ -50,7 +50,8 @@ fab_result fab_bad_argument(const char* function, const char* argument, long lon
 fab_result fab_buffer_refused(const char* dev, size_t max, int i, const void* data, size_t size, const void* mhandle) {
   const char* fn = i < 0 ? "isend" : "irecv";
   if (size > max) {
-    if (i < 0) FAB_WARN("isend: size %zu exceeds maxP2pBytes %zu of %s; NCCL must split larger transfers", size, max, dev);
+    if (i < 0)
+      FAB_WARN("isend: size %zu exceeds maxP2pBytes %zu of %s; NCCL must split larger transfers", size, max, dev);
     else FAB_WARN("irecv: sizes[%d] = %zu exceeds maxP2pBytes %zu of %s", i, size, max, dev);
     return FAB_ERR_INTERNAL;
   }

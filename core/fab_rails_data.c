@@ -17,7 +17,6 @@
 #include "fab_req.h"
 #include "fab_transport.h"
 
-
 static fab_rails_comm* comm_or_warn(void* handle, fab_obj_kind kind, const char* fn) {
   fab_rails_comm* rc = fab_obj_get(handle, kind);
   if (!rc) {
@@ -37,14 +36,11 @@ static fab_result rails_ok(fab_rails_comm* rc, const char* fn) {
   return FAB_OK;
 }
 
-
-
 static fab_result reserved_tag(const char* fn, int tag) {
   FAB_WARN("%s: tag %d is reserved on comms over several rails (tags below %d carry the plugin's stripes); use "
            "tags from %d up", fn, tag, FAB_RAILS_TAG_MIN, FAB_RAILS_TAG_MIN);
   return FAB_ERR_INVALID_ARG;
 }
-
 
 fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                            void** request) {
@@ -210,8 +206,8 @@ static fab_result recv_on_one_rail(fab_rails_comm* rc, int rail, int n, void** d
   fab_comm* c = rc->c[rail];
   fab_mr* mrs[FAB_MAX_RECVS];
   for (int i = 0; i < n; i++) {
-    fab_result res = fab_mr_resolve(c, fab_rails_member_mh(mhandles ? mhandles[i] : NULL, rail), data[i], sizes[i], "irecv",
-                                    &mrs[i]);
+    void* mh = fab_rails_member_mh(mhandles ? mhandles[i] : NULL, rail);
+    fab_result res = fab_mr_resolve(c, mh, data[i], sizes[i], "irecv", &mrs[i]);
     if (res != FAB_OK) return res;
   }
   fab_result res = take_tags(rc, n, tags);

@@ -566,7 +566,8 @@ FT_PAIR_TEST(rails_fail_mid_split, 60) {
   /* Static buffers: the rail is failed from inside, so its connection lives on and may still move the stripes
    * after the comms are closed; heap buffers freed then would be written after free. */
   static _Alignas(4096) char send_buf[LEN], recv_buf[LEN];
-  ft_mr sm = {.buf = send_buf, .len = LEN, .comm = c.send_comm}, rm = {.buf = recv_buf, .len = LEN, .comm = c.recv_comm};
+  ft_mr sm = {.buf = send_buf, .len = LEN, .comm = c.send_comm};
+  ft_mr rm = {.buf = recv_buf, .len = LEN, .comm = c.recv_comm};
   FT_OK(s.api->reg_mr(sm.comm, sm.buf, LEN, FAB_PTR_HOST, &sm.mh));
   FT_OK(s.api->reg_mr(rm.comm, rm.buf, LEN, FAB_PTR_HOST, &rm.mh));
   size_t cap = LEN;
