@@ -117,6 +117,11 @@ int fab_wire_connect_decode(const void* buf, size_t len, fab_wire_connect* out, 
     WHY("connect request for rail %u of %u (1..%d rails)", m.rail, m.rails, FAB_MAX_RAILS);
     return -1;
   }
+  if (m.stripe_from && (m.rails == 1 || m.stripe_from < FAB_STRIPE_MIN)) {
+    WHY("connect request with stripe threshold %u over %u rails (0, or at least %d over several)", m.stripe_from,
+        m.rails, FAB_STRIPE_MIN);
+    return -1;
+  }
   *out = m;
   return 0;
 }

@@ -205,6 +205,8 @@ Test(wire, rails_in_connect_and_accept) {
   fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 1, 0, 262144);
   cr_assert_eq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "%s", why);
   cr_assert_eq(cd.stripe_from, 0, "one rail never stripes");
+  fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 2, 0, 100);
+  cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "a threshold under 4 KiB");
   fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, 2, 2, 0);
   cr_assert_neq(fab_wire_connect_decode(&c, sizeof(c), &cd, why, sizeof(why)), 0, "rail 2 of 2");
   fab_wire_connect_encode(&c, 77, 5, addr, sizeof(addr), &tp, FAB_MAX_RAILS + 1, 0, 0);
