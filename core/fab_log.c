@@ -47,7 +47,7 @@ fab_result fab_bad_argument(const char* function, const char* argument, long lon
   return FAB_ERR_INTERNAL;
 }
 
-fab_result fab_buffer_refused(const char* dev, size_t max, int i, const void* data, size_t size, const void* mhandle) {
+fab_result fab_buffer_refused(const char* dev, size_t max, int i, const void* data, size_t size) {
   const char* fn = i < 0 ? "isend" : "irecv";
   if (size > max) {
     if (i < 0)
@@ -56,7 +56,6 @@ fab_result fab_buffer_refused(const char* dev, size_t max, int i, const void* da
     return FAB_ERR_INTERNAL;
   }
   if (!data) return fab_bad_argument(fn, i < 0 ? "data" : "data[i]", i < 0 ? 0 : i, "a buffer for a non-empty one");
-  (void)mhandle;
   FAB_WARN("%s: %s is NULL for a buffer of %zu bytes; pass the handle regMr returned for it", fn,
            i < 0 ? "mhandle" : "mhandles[i]", size);
   return FAB_ERR_INTERNAL;

@@ -27,12 +27,12 @@ void fab_log_info(unsigned long subsys, const char* func, int line, const char* 
  * every buffer it moves, so a NULL handle for a non-empty one is a caller's
  * bug whatever the provider needs). i: the buffer's index in a grouped
  * receive, -1 for a send. */
-__attribute__((cold)) fab_result fab_buffer_refused(const char* dev, size_t max, int i, const void* data, size_t size,
-                                                    const void* mhandle);
+__attribute__((cold)) fab_result fab_buffer_refused(const char* dev, size_t max, int i, const void* data,
+                                                    size_t size);
 static inline fab_result fab_buffer_ok(const char* dev, size_t max, int i, const void* data, size_t size,
                                        const void* mhandle) {
   if (__builtin_expect(size <= max && ((data && mhandle) || !size), 1)) return FAB_OK;
-  return fab_buffer_refused(dev, max, i, data, size, mhandle);
+  return fab_buffer_refused(dev, max, i, data, size);
 }
 
 #endif /* FAB_LOG_H */
