@@ -247,6 +247,7 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
     peers[r].coll = g;
     peers[r].rank = r;
     fab_list_init(&peers[r].waiting);
+    fab_list_init(&peers[r].staging);
     fab_op_init(&peers[r].ack_op, fab_coll_ack_done, &peers[r], 0);
   }
   rc = coll_setup(g, l, handles, "connect");
@@ -283,6 +284,7 @@ static void coll_destroy(fab_coll* g) {
     if (p->ring_reg.mr) fab_rma_buf_retire(g->target_ep, &p->ring_reg, p->ring_mem); /* the peer may still write */
     else free(p->ring_mem);
   }
+  fab_coll_stage_free(g, leak);
   pthread_mutex_unlock(&g->target_ep->lock);
   for (int r = 0; r < g->nranks; r++) free(g->peers[r].put_seen); /* no handler reaches them any more */
   for (int r = 0; r < g->nranks; r++) {
@@ -330,8 +332,9 @@ fab_result fab_coll_rma_properties(void* coll, fab_rma_properties* props) {
 }
 
 void fab_coll_win_free(fab_coll_win* w) {
-  fab_mr_deregister(w->mr_handle);
+  if (w->mr_handle) fab_mr_deregister(w->mr_handle); /* a staged window has none */
   free(w->remote);
+  free(w->remote_staged);
   free(w);
 }
 

@@ -31,6 +31,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "fab_engine.h"
 #include "fab_mr.h"
@@ -45,7 +46,14 @@ enum {
 };
 
 /* What the low 32 bits of a one-sided write's remote CQ data say. */
-enum { FAB_COLL_PUT = 1, FAB_COLL_SIGNAL = 2, FAB_COLL_ACK = 3, FAB_COLL_ACK_PUTS = 4 };
+enum {
+  FAB_COLL_PUT = 1,
+  FAB_COLL_SIGNAL = 2,
+  FAB_COLL_ACK = 3,
+  FAB_COLL_ACK_PUTS = 4,
+  FAB_COLL_STAGED = 5,     /* a chunk landed in the target's staging slot (value: the slot) */
+  FAB_COLL_ACK_STAGED = 6, /* chunks the target has copied out of its staging ring */
+};
 /* Puts carry their number (mod 2^24); a target tracks which landed in a
  * window of FAB_COLL_PUT_WINDOW past the prefix that all did, and a source
  * never runs further ahead of the prefix the target acknowledged. */
@@ -70,7 +78,38 @@ static inline uint32_t fab_coll_sig_check(const fab_coll_sig* s) {
   return (uint32_t)(s->puts_before ^ s->offset ^ s->value) ^ s->seq ^ s->window ^ s->op ^ s->token ^ 0x47495346u;
 }
 
+/* At the head of a staging slot: where the chunk after it goes. Windows in
+ * GPU memory on a provider without FI_HMEM are not registered with the
+ * provider; a put into one is written in chunks into the target's staging
+ * ring for its source, and the target copies each into the window
+ * (fab_coll_stage.c). */
+typedef struct fab_coll_chunk {
+  uint64_t put;      /* the put number this chunk counts as */
+  uint64_t offset;   /* in the target's window */
+  uint32_t len;      /* bytes after this header */
+  uint32_t window;   /* the symmetric registration's id */
+  uint32_t seq;      /* the chunk's number from this source */
+  uint32_t token;    /* the source group's token */
+  uint32_t check;    /* fab_coll_chunk_check */
+  uint32_t reserved[7];
+} fab_coll_chunk;
+_Static_assert(sizeof(fab_coll_chunk) == 64, "fab_coll_chunk layout");
+
+static inline uint32_t fab_coll_chunk_check(const fab_coll_chunk* c) {
+  return (uint32_t)(c->put ^ c->offset ^ (c->put >> 32) ^ (c->offset >> 32)) ^ c->len ^ c->window ^ c->seq ^
+         c->token ^ 0x43484e4bu;
+}
+
 typedef struct fab_coll fab_coll;
+struct fab_coll_req;
+
+/* One slot of a source's staging ring towards a peer: a chunk copied out of
+ * the source window, being written. */
+typedef struct fab_coll_txslot {
+  fab_op op;
+  struct fab_coll_req* req;
+  _Atomic int busy;
+} fab_coll_txslot;
 
 typedef struct fab_coll_peer {
   fab_coll* coll;
@@ -105,6 +144,22 @@ typedef struct fab_coll_peer {
   fab_coll_sig* ring_mem;      /* our ring for the peer's records */
   fab_rma_buf ring_reg;
   char bad[96];                /* the protocol error that failed the peer, if any */
+  _Atomic int gpu_sig_due;     /* a record waits to be applied to a GPU window (progress does it) */
+  /* staging, source side (coll->lock, except the atomics) */
+  fab_window stage;            /* the peer's staging ring for our chunks; len 0: it has none */
+  uint32_t stage_slots, stage_slot_bytes;
+  _Atomic uint32_t chunk_seq;  /* chunks written into the peer's ring (counted before each is posted) */
+  _Atomic uint32_t chunk_acked; /* chunks the peer has copied out */
+  char* tx_mem;                /* our slots for chunks to the peer (FABRIC_RMA_STAGE_*) */
+  fab_rma_buf tx_reg;
+  fab_coll_txslot* tx;
+  uint32_t tx_next;            /* slots are used in turn */
+  fab_list staging;            /* requests with bytes still to stage, in order */
+  /* staging, target side: the peer's chunks in our ring (landed: target lock; the rest coll->lock) */
+  uint8_t* rx_landed;
+  uint32_t rx_next;            /* the next chunk to copy out */
+  _Atomic uint32_t rx_done;    /* = rx_next, for the acknowledging side */
+  uint32_t rx_acked_sent;      /* copied-out count last acknowledged */
 } fab_coll_peer;
 
 /* A symmetric registration: ours, and every rank's window for it. */
@@ -117,7 +172,10 @@ typedef struct fab_coll_win {
   fab_mr* mr;
   uintptr_t base;
   size_t len;
+  int gpu;               /* our window is GPU memory: only fab_devcopy touches it */
+  int staged;            /* ... not registered with the provider: puts into it are staged */
   fab_window* remote;    /* per rank */
+  uint8_t* remote_staged; /* per rank: that rank's window is staged */
 } fab_coll_win;
 
 struct fab_coll {
@@ -147,6 +205,11 @@ struct fab_coll {
   _Atomic int failed;    /* a peer or the group failed: every call after returns the error */
   _Atomic int due;       /* waiting records or acknowledgements to post: progress takes the lock */
   char why[192];
+  /* our staging ring: every peer's chunks for our staged windows (fab_coll_stage.c) */
+  char* rx_mem;
+  fab_rma_buf rx_reg;
+  uint32_t rx_slots, rx_slot_bytes;
+  int gpu_direct;        /* a window of ours is GPU memory the provider writes into (flush before signals) */
 };
 
 /* A context: an ordering domain to NCCL; here a validated name for a range of
@@ -174,10 +237,60 @@ typedef struct fab_coll_req {
   fab_op ops[2];        /* the data write or read, the signal record */
   fab_coll_sig sig;     /* staged until the ring has room */
   fab_list node;        /* free list, or the peer's waiting list */
+  /* a staged put: what is still to be copied out and written (coll->lock) */
+  fab_coll_win *st_src, *st_dst;
+  uint64_t st_src_off, st_dst_off, st_put;
+  size_t st_left;
+  int st_ring;          /* into the peer's staging ring (its window is staged), else into its window */
+  fab_list st_node;     /* the peer's staging list */
 } fab_coll_req;
 
-/* The files call down this list only: ops <- xchg <- fab_coll (connect,
- * close) <- api. */
+/* One operation of r is over (err: it failed, with that text): only r and
+ * its peer's atomic count are touched, and the pending count is the last
+ * write. Any thread, no lock. */
+static inline void fab_coll_req_op_over(fab_coll_req* r, int fi_err, const char* what) {
+  /* a completed write or read is a sign of the peer's life (liveness: fab_comm_stalled) */
+  if (!fi_err && r->peer->sc) fab_comm_count_completion(r->peer->sc);
+  if (fi_err && !atomic_exchange(&r->failed, 1)) {
+    r->result = fab_result_from_fi(fi_err);
+    snprintf(r->why, sizeof(r->why), "%s to rank %d failed: %s", what, r->peer->rank, fi_strerror(fi_err));
+  }
+  atomic_fetch_add_explicit(&r->peer->ops_done, 1, memory_order_release);
+  atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel);
+}
+
+/* The files call down this list only: target <- stage <- ops <- xchg <-
+ * fab_coll (connect, close) <- api. */
+
+/* fab_coll_target.c: the group's failure, and what lands at a target. */
+fab_coll* fab_coll_get(void* handle, const char* fn);
+/* Fails the group (sticky), with one WARN naming fn and why. */
+fab_result fab_coll_fail(fab_coll* g, fab_result rc, const char* fn, const char* why);
+void fab_coll_target_landed(fab_comm* rc, uint32_t low);
+/* Applies what waits for progress: staged chunks copied into their windows,
+ * signals into GPU windows. coll->lock held. */
+void fab_coll_target_drain(fab_coll* g);
+/* Adds add to the signal word at off in our GPU window w, after the data
+ * before it (a GPUDirect flush where a provider wrote into GPU memory). A
+ * failure fails the group. */
+fab_result fab_coll_gpu_signal(fab_coll* g, fab_coll_win* w, uint64_t off, uint64_t add, const char* fn);
+
+/* fab_coll_stage.c: staging through host memory for GPU windows the
+ * provider cannot reach. */
+/* Our staging ring for peers' chunks, made at the first staged window. */
+fab_result fab_coll_stage_rx_make(fab_coll* g, const char* fn);
+/* Queues a staged put of r (chunks counted in r->pending) and posts what the
+ * slots allow. coll->lock held. */
+void fab_coll_stage_put(fab_coll_peer* p, fab_coll_req* r);
+/* Posts queued chunks while slots allow; 1 while some still wait. coll->lock. */
+int fab_coll_stage_pump(fab_coll_peer* p);
+/* Chunks a staged put of size bytes takes to p (ring: into its staging ring). */
+uint64_t fab_coll_stage_chunks(fab_coll_peer* p, size_t size, int ring);
+/* Fails and unqueues the staged puts reading or writing w (deregistered). */
+void fab_coll_stage_drop_window(fab_coll* g, fab_coll_win* w);
+/* Releases the staging rings (ours retired: peers may still write; target
+ * lock held). leak: operations are still in flight, their slots stay. */
+void fab_coll_stage_free(fab_coll* g, int leak);
 
 /* fab_coll_xchg.c. One round of an all-to-all exchange: part[i]
  * (FAB_COLL_XCHG_BYTES) goes to rank i, and out[i] receives rank i's part
@@ -197,14 +310,10 @@ static inline char* fab_coll_part_in(fab_coll* g, int rank) {
 void fab_coll_ctxs_drop(fab_coll* g);
 void fab_coll_win_free(fab_coll_win* w);
 
-/* fab_coll_ops.c: the group's state, requests and one-sided operations. */
-fab_coll* fab_coll_get(void* handle, const char* fn);
-/* Fails the group (sticky), with one WARN naming fn and why. */
-fab_result fab_coll_fail(fab_coll* g, fab_result rc, const char* fn, const char* why);
+/* fab_coll_ops.c: requests and one-sided operations. */
 /* Drives every endpoint of the group, then its waiting signals and acks. */
 fab_result fab_coll_poll(fab_coll* g);
 fab_result fab_coll_progress(fab_coll* g);
-void fab_coll_target_landed(fab_comm* rc, uint32_t low);
 /* Completion of an acknowledgement write (a peer's ack_op). */
 void fab_coll_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
 fab_result fab_coll_post_waiting(fab_coll* g);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "fab_coll.h"
+#include "fab_devcopy.h"
 #include "fab_transport.h"
 
 enum { WIN_MAGIC = 0x57494e44 };
@@ -33,6 +34,9 @@ fab_result fab_rma_get_properties(int dev, fab_properties* props) {
   fab_result rc = fab_get_properties(dev, props);
   if (rc != FAB_OK) return rc;
   props->net_device_type = FAB_NET_DEVICE_GIN_PROXY; /* host operations, driven by NCCL's proxy */
+  /* GPU windows work on every provider: direct where it has FI_HMEM (ptrSupport says so already, with DMABUF
+   * where it applies), else staged through host memory (fab_coll_stage.c) */
+  if (fab_devcopy_ready()) props->ptr_support |= FAB_PTR_CUDA;
   props->net_device_version = 0;
   return FAB_OK;
 }
@@ -111,17 +115,56 @@ fab_result fab_rma_query_last_error(void* rma_ctx, bool* has_error) {
 
 /* --- symmetric registration ----------------------------------------------------------- */
 
+/* One rank's part of a registration: its window, and where its staging
+ * ring for GPU windows is (stage_slots 0: it has none yet). */
 typedef struct win_part {
   uint32_t magic, id;
   uint64_t addr, len, key;
   uint32_t check;
-  uint32_t reserved[7];
+  uint32_t flags; /* WIN_STAGED: the window is GPU memory the provider cannot reach */
+  uint64_t stage_addr, stage_key;
+  uint32_t stage_slots, stage_slot_bytes;
 } win_part;
 _Static_assert(sizeof(win_part) == FAB_COLL_XCHG_BYTES, "win_part is one exchange part");
+enum { WIN_STAGED = 1 };
 
 static uint32_t win_check(const win_part* p) {
   return p->magic ^ p->id ^ (uint32_t)p->addr ^ (uint32_t)(p->addr >> 32) ^ (uint32_t)p->len ^ (uint32_t)p->key ^
-         0x4d595357u;
+         p->flags ^ (uint32_t)p->stage_addr ^ (uint32_t)(p->stage_addr >> 32) ^ (uint32_t)p->stage_key ^
+         p->stage_slots ^ p->stage_slot_bytes ^ 0x4d595357u;
+}
+
+static win_part our_part(fab_coll* g, fab_coll_win* w) {
+  win_part p = {.magic = WIN_MAGIC, .id = w->id, .len = w->len, .flags = w->staged ? WIN_STAGED : 0};
+  if (w->mr) {
+    p.addr = fab_mr_remote_addr(w->mr, (void*)w->base);
+    p.key = w->mr->key;
+  }
+  if (g->rx_mem) {
+    p.stage_addr = g->rx_reg.win.addr;
+    p.stage_key = g->rx_reg.win.key;
+    p.stage_slots = g->rx_slots;
+    p.stage_slot_bytes = g->rx_slot_bytes;
+  }
+  p.check = win_check(&p);
+  return p;
+}
+
+/* Where our chunks go in rank r's staging ring, from its part. */
+static const char* learn_ring(fab_coll* g, int r, const win_part* in) {
+  fab_coll_peer* p = &g->peers[r];
+  if (!in->stage_slots) return in->flags & WIN_STAGED ? "a staged window without a staging ring" : NULL;
+  if (in->stage_slots < 2 || in->stage_slots > 1024 || in->stage_slot_bytes < 65536 ||
+      in->stage_slot_bytes > (64u << 20))
+    return "a staging ring of impossible size";
+  if (p->stage_slots && (p->stage_slots != in->stage_slots || p->stage_slot_bytes != in->stage_slot_bytes ||
+                         p->stage.key != in->stage_key))
+    return "a staging ring other than the one it announced before";
+  uint64_t ring = (uint64_t)in->stage_slots * in->stage_slot_bytes;
+  p->stage = (fab_window){.addr = in->stage_addr + (uint64_t)g->rank * ring, .len = ring, .key = in->stage_key};
+  p->stage_slot_bytes = in->stage_slot_bytes;
+  p->stage_slots = in->stage_slots; /* last: the pump reads it under coll->lock, as we write it */
+  return NULL;
 }
 
 /* Every rank's window for registration w, from the exchange. */
@@ -130,13 +173,10 @@ static fab_result gather_windows(fab_coll* g, fab_coll_win* w, const char* fn) {
   win_part* parts = calloc((size_t)n, sizeof(*parts));
   win_part* out = calloc((size_t)n, sizeof(*out));
   w->remote = calloc((size_t)n, sizeof(*w->remote));
-  fab_result rc = parts && out && w->remote ? FAB_OK : FAB_ERR_SYSTEM;
+  w->remote_staged = calloc((size_t)n, 1);
+  fab_result rc = parts && out && w->remote && w->remote_staged ? FAB_OK : FAB_ERR_SYSTEM;
   if (rc != FAB_OK) FAB_WARN("%s: out of memory", fn);
-  for (int r = 0; rc == FAB_OK && r < n; r++) {
-    parts[r] = (win_part){.magic = WIN_MAGIC, .id = w->id, .addr = fab_mr_remote_addr(w->mr, (void*)w->base),
-                          .len = w->len, .key = w->mr->key};
-    parts[r].check = win_check(&parts[r]);
-  }
+  for (int r = 0; rc == FAB_OK && r < n; r++) parts[r] = our_part(g, w);
   if (rc == FAB_OK) rc = fab_coll_exchange(g, parts, out, fn);
   for (int r = 0; rc == FAB_OK && r < n; r++) {
     if (out[r].magic != WIN_MAGIC || out[r].check != win_check(&out[r]) || out[r].id != w->id) {
@@ -147,6 +187,14 @@ static fab_result gather_windows(fab_coll* g, fab_coll_win* w, const char* fn) {
       break;
     }
     w->remote[r] = (fab_window){.addr = out[r].addr, .len = out[r].len, .key = out[r].key};
+    w->remote_staged[r] = (out[r].flags & WIN_STAGED) != 0;
+    const char* bad = r == g->rank ? NULL : learn_ring(g, r, &out[r]);
+    if (bad) {
+      char why[192];
+      snprintf(why, sizeof(why), "rank %d announced %s (a different plugin build?)", r, bad);
+      rc = fab_coll_fail(g, FAB_ERR_REMOTE, fn, why);
+      break;
+    }
   }
   free(parts);
   free(out);
@@ -176,9 +224,11 @@ static fab_result publish(fab_coll* g, fab_coll_win* w, const char* fn) {
 
 static fab_result reg_sym(fab_coll* g, fab_coll_win* w, void* data, size_t size, int type, uint64_t offset, int fd,
                           const char* fn) {
-  fab_result rc = fab_mr_register_on(g->dev, g->target_ep->dev, data, size, type, offset, fd, &w->mr_handle, fn);
+  fab_result rc = w->staged ? fab_coll_stage_rx_make(g, fn)
+                            : fab_mr_register_on(g->dev, g->target_ep->dev, data, size, type, offset, fd,
+                                                 &w->mr_handle, fn);
   if (rc != FAB_OK) return rc;
-  w->mr = fab_obj_get(w->mr_handle, FAB_OBJ_MR);
+  w->mr = w->mr_handle ? fab_obj_get(w->mr_handle, FAB_OBJ_MR) : NULL;
   w->id = g->next_win++;
   rc = gather_windows(g, w, fn);
   if (rc == FAB_OK) rc = publish(g, w, fn);
@@ -195,6 +245,31 @@ static fab_result reg_sym(fab_coll* g, fab_coll_win* w, void* data, size_t size,
   return rc;
 }
 
+/* A window in GPU memory: direct where the device registers GPU memory with
+ * the provider (FI_HMEM), else staged through host memory (any provider). */
+static fab_result gpu_window_ok(fab_coll* g, void* data, int fd, int* staged, const char* fn) {
+  if (!fab_devcopy_ready()) {
+    FAB_WARN("%s: %p is NCCL_PTR_CUDA memory, but the CUDA driver is not usable in this process (libcuda.so.1 not "
+             "loaded, or no device): GPU windows need it for their copies and signals; check the driver, or "
+             "register host memory", fn, data);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  if (!fab_devcopy_is_device(data)) {
+    FAB_WARN("%s: %p was passed as NCCL_PTR_CUDA but is not CUDA device memory (cuPointerGetAttribute); pass "
+             "NCCL_PTR_HOST for host memory", fn, data);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  int direct = !fab_g.params.gpu_emulate && (g->target_ep->dev->props.ptr_support & FAB_PTR_CUDA);
+  if (!direct && fd >= 0) {
+    FAB_WARN("%s: device %s cannot register GPU memory (provider without FI_HMEM), so dma-buf is not offered; "
+             "GPU windows are staged through host memory: use regMrSym", fn, g->dev->name);
+    return FAB_ERR_INTERNAL;
+  }
+  *staged = !direct;
+  if (direct) g->gpu_direct = 1;
+  return FAB_OK;
+}
+
 static fab_result reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
                              void** mhandle, void** gin_handle, const char* fn) {
   if (!mhandle) return fab_bad_argument(fn, "mhandle", 0, "a non-NULL pointer");
@@ -203,14 +278,15 @@ static fab_result reg_mr_sym(void* coll, void* data, size_t size, int type, uint
   fab_coll* g = fab_coll_get(coll, fn);
   if (!g) return FAB_ERR_INTERNAL;
   if (!data || !size) return fab_bad_argument(fn, "data/size", (long long)size, "a non-empty buffer");
-  if (type != FAB_PTR_HOST) {
-    /* the target's CPU applies signals and own-rank puts copy with memmove: both need host memory */
-    FAB_WARN("%s: memory type %d: one-sided windows are host memory only in this version (signals are applied "
-             "by the target's CPU); register NCCL_PTR_HOST buffers", fn, type);
-    return FAB_ERR_INVALID_USAGE;
-  }
+  if (type != FAB_PTR_HOST && type != FAB_PTR_CUDA)
+    return fab_bad_argument(fn, "type", type, "NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)");
   if (size > (size_t)PTRDIFF_MAX || (uintptr_t)data > UINTPTR_MAX - size)
     return fab_bad_argument(fn, "size", (long long)size, "a range inside the address space");
+  int staged = 0;
+  if (type == FAB_PTR_CUDA) {
+    fab_result rc = gpu_window_ok(g, data, fd, &staged, fn);
+    if (rc != FAB_OK) return rc;
+  }
   fab_coll_win* w = calloc(1, sizeof(*w));
   if (!w) {
     FAB_WARN("%s: out of memory", fn);
@@ -220,6 +296,8 @@ static fab_result reg_mr_sym(void* coll, void* data, size_t size, int type, uint
   w->coll = g;
   w->base = (uintptr_t)data;
   w->len = size;
+  w->gpu = type == FAB_PTR_CUDA;
+  w->staged = staged;
   pthread_mutex_lock(&g->xchg_lock);
   fab_result rc = reg_sym(g, w, data, size, type, offset, fd, fn);
   pthread_mutex_unlock(&g->xchg_lock);
@@ -262,9 +340,12 @@ fab_result fab_dereg_mr_sym(void* coll, void* mhandle) {
     return FAB_ERR_INTERNAL;
   }
   fab_obj_remove(mhandle, FAB_OBJ_COLL_WIN);
+  pthread_mutex_lock(&g->lock); /* no staged chunk is being copied into it, none queued from or into it */
+  fab_coll_stage_drop_window(g, w);
   pthread_mutex_lock(&g->target_ep->lock);
   g->wins[w->id] = NULL; /* a later signal naming it is refused */
   pthread_mutex_unlock(&g->target_ep->lock);
+  pthread_mutex_unlock(&g->lock);
   fab_coll_win_free(w);
   return FAB_OK;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "fab_coll.h"
+#include "fab_devcopy.h"
 #include "fab_req.h"
 #include "rdma/rd_proto.h"
 
@@ -17,26 +18,6 @@ typedef struct req_chunk {
 } req_chunk;
 
 static void op_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
-
-/* --- the group ------------------------------------------------------------------ */
-
-fab_coll* fab_coll_get(void* handle, const char* fn) {
-  fab_coll* g = fab_obj_get(handle, FAB_OBJ_COLL);
-  if (g) return g;
-  fab_obj_kind k = fab_obj_kind_of(handle);
-  FAB_WARN("%s: %p is %s%s, not a live RMA collective comm", fn, handle, k ? "a " : "",
-           k ? fab_obj_kind_name(k) : "unknown or already closed");
-  return NULL;
-}
-
-fab_result fab_coll_fail(fab_coll* g, fab_result rc, const char* fn, const char* why) {
-  int was = atomic_exchange(&g->failed, (int)rc);
-  if (!was) {
-    snprintf(g->why, sizeof(g->why), "%s", why);
-    FAB_WARN("%s: the RMA group of %d ranks (rank %d) failed: %s", fn, g->nranks, g->rank, why);
-  }
-  return rc;
-}
 
 /* --- progress ----------------------------------------------------------------------- */
 
@@ -115,17 +96,10 @@ void fab_coll_reqs_free(fab_coll* g) {
   }
 }
 
-/* Completion of one operation of a request: only the request and the peer's
- * atomic count are touched, and the pending count is the last write. */
 static void op_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  (void)done;
   fab_coll_req* r = op->owner;
-  if (err && !atomic_exchange(&r->failed, 1)) {
-    r->result = fab_result_from_fi(err->err);
-    snprintf(r->why, sizeof(r->why), "%s to rank %d failed: %s", op->index ? "a signal" : "a one-sided operation",
-             r->peer->rank, fi_strerror(err->err));
-  }
-  atomic_fetch_add_explicit(&r->peer->ops_done, 1, memory_order_release);
-  atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel);
+  fab_coll_req_op_over(r, err ? err->err : 0, op->index ? "a signal" : "a one-sided operation");
 }
 
 /* An operation that could not be posted: it counts as done and failed, and
@@ -190,8 +164,9 @@ static fab_result post_ack(fab_coll* g, fab_coll_peer* p, unsigned kind, uint64_
 }
 
 /* The put prefix once a quarter of the window has landed (first: it is rare,
- * and a stream of signals must not starve it), else signal slots as soon as
- * records are applied (a source may be waiting for one). *pending: an
+ * and a stream of signals must not starve it), else staging slots as soon as
+ * chunks are copied out, else signal slots as soon as records are applied
+ * (a source may be waiting for either). *pending: an
  * acknowledgement is still owed (one in flight, or the provider said "not
  * now"): the caller must come back, since nothing else will flag it due
  * again while the source waits for it. */
@@ -203,9 +178,13 @@ static fab_result acknowledge(fab_coll* g, fab_coll_peer* p, int* pending) {
   uint64_t landed = atomic_load_explicit(&p->puts_landed_pub, memory_order_acquire);
   uint32_t applied = atomic_load_explicit(&p->sig_applied, memory_order_acquire);
   fab_result rc = FAB_OK;
+  uint32_t copied = atomic_load_explicit(&p->rx_done, memory_order_acquire);
   if (landed - p->puts_acked_sent >= FAB_COLL_PUT_WINDOW / 4) {
     rc = post_ack(g, p, FAB_COLL_ACK_PUTS, landed);
     if (rc == FAB_OK) p->puts_acked_sent = landed;
+  } else if (copied != p->rx_acked_sent) { /* staging slots back: a source may be waiting for them */
+    rc = post_ack(g, p, FAB_COLL_ACK_STAGED, copied);
+    if (rc == FAB_OK) p->rx_acked_sent = copied;
   } else if (applied != p->consumed_acked) {
     rc = post_ack(g, p, FAB_COLL_ACK, applied);
     if (rc == FAB_OK) p->consumed_acked = applied;
@@ -219,9 +198,11 @@ static fab_result acknowledge(fab_coll* g, fab_coll_peer* p, int* pending) {
 fab_result fab_coll_post_waiting(fab_coll* g) {
   atomic_store_explicit(&g->due, 0, memory_order_relaxed);
   int again = 0;
+  fab_coll_target_drain(g);
   for (int i = 0; i < g->nranks; i++) {
     fab_coll_peer* p = &g->peers[i];
     if (!p->sc) continue;
+    again |= fab_coll_stage_pump(p);
     while (!fab_list_empty(&p->waiting)) {
       fab_coll_req* r = FAB_CONTAINER_OF(p->waiting.next, fab_coll_req, node);
       if (!ring_room(p, r->sig.seq)) break;
@@ -235,123 +216,6 @@ fab_result fab_coll_post_waiting(fab_coll* g) {
   }
   if (again) atomic_store_explicit(&g->due, 1, memory_order_release); /* come back on the next progress */
   return FAB_OK;
-}
-
-/* --- signals: the target side (target endpoint lock) ----------------------------------- */
-
-static void bad_peer(fab_coll_peer* p, const char* what) {
-  if (!p->bad[0]) snprintf(p->bad, sizeof(p->bad), "%s", what);
-  char why[192];
-  snprintf(why, sizeof(why), "rank %d sent %s; its writes are ignored from now on", p->rank, what);
-  fab_coll_fail(p->coll, FAB_ERR_REMOTE, "rmaProgress", why);
-}
-
-static int apply(fab_coll_peer* p, const fab_coll_sig* s) {
-  fab_coll* g = p->coll;
-  fab_coll_win* w = s->window < g->nwins ? g->wins[s->window] : NULL;
-  if (!w) {
-    bad_peer(p, "a signal for a window that is not registered here");
-    return 0;
-  }
-  if (w->len < 8 || s->offset % 8 || s->offset > w->len - 8) {
-    bad_peer(p, "a signal outside its window");
-    return 0;
-  }
-  if (s->op != FAB_SIGNAL_INC && s->op != FAB_SIGNAL_ADD) {
-    bad_peer(p, "a signal with an unknown operation");
-    return 0;
-  }
-  uint64_t add = s->op == FAB_SIGNAL_INC ? 1 : s->value;
-  __atomic_fetch_add((uint64_t*)(w->base + s->offset), add, __ATOMIC_RELEASE);
-  return 1;
-}
-
-/* Put number (mod 2^24) v landed: advance the prefix over every put in.
- * 0 when v lies beyond the window (the peer ignored our acknowledgements). */
-static int put_landed(fab_coll_peer* p, uint32_t v) {
-  uint64_t n = p->puts_landed + ((v - (uint32_t)p->puts_landed) & 0xffffff);
-  uint64_t off = n - p->puts_landed;
-  if (off >= FAB_COLL_PUT_WINDOW) return 0;
-  uint64_t* seen = p->put_seen;
-  uint64_t bit = n % FAB_COLL_PUT_WINDOW;
-  if (seen[bit / 64] >> (bit % 64) & 1) return 0; /* twice */
-  seen[bit / 64] |= 1ull << (bit % 64);
-  for (;;) {
-    uint64_t b = p->puts_landed % FAB_COLL_PUT_WINDOW;
-    if (!(seen[b / 64] >> (b % 64) & 1)) break;
-    seen[b / 64] &= ~(1ull << (b % 64));
-    p->puts_landed++;
-  }
-  atomic_store_explicit(&p->puts_landed_pub, p->puts_landed, memory_order_release);
-  if (p->puts_landed - p->puts_acked_seen >= FAB_COLL_PUT_WINDOW / 4) {
-    p->puts_acked_seen = p->puts_landed;
-    atomic_store_explicit(&p->coll->due, 1, memory_order_release); /* time to acknowledge the prefix */
-  }
-  return 1;
-}
-
-/* Applies landed records in order, each once every put it follows is in. */
-static void apply_ready(fab_coll_peer* p) {
-  for (;;) {
-    uint32_t slot = p->sig_next % FAB_COLL_RING;
-    if (!p->landed[slot]) return;
-    fab_coll_sig s;
-    memcpy(&s, &p->ring_mem[slot], sizeof(s));
-    if (s.check != fab_coll_sig_check(&s) || s.seq != p->sig_next || s.token != p->token) {
-      bad_peer(p, "a signal record that fails its checks");
-      return;
-    }
-    if (s.puts_before > p->puts_landed) return; /* some of its puts are on the way */
-    if (!apply(p, &s)) return;
-    p->landed[slot] = 0;
-    p->sig_next++;
-    atomic_store_explicit(&p->sig_applied, p->sig_next, memory_order_release);
-    atomic_store_explicit(&p->coll->due, 1, memory_order_release); /* its slot goes back to the source */
-  }
-}
-
-/* How far a 24-bit acknowledged count v is ahead of what we hold (negative:
- * an older acknowledgement, dispatched after a newer one). */
-static int32_t ack_delta(uint32_t v, uint32_t acked) {
-  uint32_t d = (v - acked) & 0xffffff;
-  return d & 0x800000 ? (int32_t)d - 0x1000000 : (int32_t)d;
-}
-
-void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
-  fab_coll_peer* p = rc->onesided_arg;
-  if (!p || p->bad[0] || atomic_load(&p->coll->failed)) return;
-  uint32_t v = low & 0xffffff;
-  switch (low >> 28) {
-    case FAB_COLL_PUT:
-      if (!put_landed(p, v)) return bad_peer(p, "a put numbered beyond its window");
-      apply_ready(p);
-      return;
-    case FAB_COLL_SIGNAL:
-      if (v >= FAB_COLL_RING || p->landed[v]) return bad_peer(p, "a signal into a ring slot it does not own");
-      p->landed[v] = 1;
-      apply_ready(p);
-      return;
-    case FAB_COLL_ACK: {
-      /* threads that read one CQ may dispatch its entries in any order: an
-       * acknowledgement older than one already seen changes nothing */
-      uint32_t acked = atomic_load_explicit(&p->sig_acked, memory_order_relaxed);
-      int32_t delta = ack_delta(v, (uint32_t)acked);
-      uint32_t sent = atomic_load_explicit(&p->sig_seq, memory_order_relaxed);
-      if (delta > FAB_COLL_RING || (delta > 0 && (int32_t)(sent - (acked + (uint32_t)delta)) < 0))
-        return bad_peer(p, "an acknowledgement of signals never sent");
-      if (delta > 0) atomic_store_explicit(&p->sig_acked, acked + (uint32_t)delta, memory_order_release);
-      return;
-    }
-    case FAB_COLL_ACK_PUTS: {
-      uint64_t acked = atomic_load_explicit(&p->puts_acked, memory_order_relaxed);
-      int32_t delta = ack_delta(v, (uint32_t)acked);
-      if (delta > FAB_COLL_PUT_WINDOW) return bad_peer(p, "an acknowledgement of puts never sent");
-      if (delta > 0) atomic_store_explicit(&p->puts_acked, acked + (uint64_t)delta, memory_order_release);
-      return;
-    }
-    default:
-      bad_peer(p, "a one-sided write of an unknown kind");
-  }
 }
 
 /* --- argument checks ------------------------------------------------------------------ */
@@ -429,16 +293,67 @@ static fab_result done_at_once(fab_coll* g, fab_coll_peer* p, void** request) {
   return FAB_OK;
 }
 
-static void self_signal(fab_coll_win* sw, const sig_args* s) {
-  __atomic_fetch_add((uint64_t*)(sw->base + s->off), s->op == FAB_SIGNAL_INC ? 1 : s->value, __ATOMIC_RELEASE);
+/* Our own rank: the data and the signal are placed here and now (GPU
+ * windows through fab_devcopy, in order, so the signal follows the data). */
+static fab_result self_put(fab_coll* g, fab_coll_win* src, uint64_t src_off, size_t size, fab_coll_win* dst,
+                           uint64_t dst_off, fab_coll_win* sw, const sig_args* s, const char* fn) {
+  const char* what = NULL;
+  if (size && fab_devcopy((char*)dst->base + dst_off, dst->gpu, (char*)src->base + src_off, src->gpu, size, &what)) {
+    FAB_WARN("%s: copying %zu bytes to our own rank failed: %s failed", fn, size, what);
+    return FAB_ERR_CUDA;
+  }
+  if (!sw) return FAB_OK;
+  uint64_t add = s->op == FAB_SIGNAL_INC ? 1 : s->value;
+  if (sw->gpu) return fab_coll_gpu_signal(g, sw, s->off, add, fn);
+  __atomic_fetch_add((uint64_t*)(sw->base + s->off), add, __ATOMIC_RELEASE);
+  return FAB_OK;
 }
 
-/* Posts the data write and queues or posts the signal record. g->lock held. */
+/* Waits (driving progress) until n more puts to p fit in the window of puts
+ * the peer tracks; 0 when they do. g->lock held. */
+static int put_window_room(op_target* t, uint64_t n) {
+  fab_coll_peer* p = t->p;
+  int64_t deadline = 0;
+  while (p->puts_posted + n - atomic_load_explicit(&p->puts_acked, memory_order_acquire) > FAB_COLL_PUT_WINDOW)
+    if (progress_locked(t->g) != FAB_OK || !again(p->sc->ep, &deadline)) return -1;
+  return 0;
+}
+
+/* A put through staging (fab_coll_stage.c): its chunks are numbered puts,
+ * posted as slots allow. g->lock held. */
+static fab_result post_staged(op_target* t, fab_coll_req* r, fab_coll_win* src, uint64_t src_off, size_t size,
+                              fab_coll_win* dst, uint64_t dst_off, uint64_t nchunks, int ring) {
+  fab_coll_peer* p = t->p;
+  if (put_window_room(t, nchunks) != 0) {
+    for (uint64_t i = 0; i < nchunks; i++) not_posted(r, 0, -FI_ETIMEDOUT, "iput");
+    return r->result;
+  }
+  r->st_src = src;
+  r->st_dst = dst;
+  r->st_src_off = src_off;
+  r->st_dst_off = dst_off;
+  r->st_left = size;
+  r->st_ring = ring;
+  r->st_put = p->puts_posted;
+  p->puts_posted += nchunks;
+  fab_coll_stage_put(p, r);
+  return FAB_OK;
+}
+
+/* Posts the data write (or queues its staged chunks: nchunks) and queues or
+ * posts the signal record. g->lock held. */
 static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uint64_t src_off, size_t size,
-                           fab_coll_win* dst, uint64_t dst_off, fab_coll_win* sw, const sig_args* s) {
+                           fab_coll_win* dst, uint64_t dst_off, fab_coll_win* sw, const sig_args* s,
+                           uint64_t nchunks) {
   fab_coll_peer* p = t->p;
   int rank = p->rank;
-  if (size && t->g->ordered) { /* placed before any later write of ours: nothing to count */
+  if (nchunks) {
+    fab_result rc = post_staged(t, r, src, src_off, size, dst, dst_off, nchunks, dst->remote_staged[rank]);
+    if (rc != FAB_OK) {
+      if (sw) op_done(&r->ops[1], NULL, NULL);
+      return rc;
+    }
+  } else if (size && t->g->ordered) { /* placed before any later write of ours: nothing to count */
     int64_t deadline = 0;
     ssize_t rc;
     do rc = fab_rma_write(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
@@ -449,14 +364,11 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
       return not_posted(r, 0, rc, sw ? "iputSignal" : "iput");
     }
   } else if (size) {
-    int64_t deadline = 0;
-    while (p->puts_posted - atomic_load_explicit(&p->puts_acked, memory_order_acquire) >= FAB_COLL_PUT_WINDOW) {
-      /* the peer has not acknowledged this many puts: drive both ends' progress until it does */
-      if (progress_locked(t->g) != FAB_OK || !again(p->sc->ep, &deadline)) {
-        if (sw) op_done(&r->ops[1], NULL, NULL);
-        return not_posted(r, 0, -FI_ETIMEDOUT, sw ? "iputSignal" : "iput");
-      }
+    if (put_window_room(t, 1) != 0) { /* the peer has not acknowledged this many puts */
+      if (sw) op_done(&r->ops[1], NULL, NULL);
+      return not_posted(r, 0, -FI_ETIMEDOUT, sw ? "iputSignal" : "iput");
     }
+    int64_t deadline = 0;
     uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT,
                                fab_coll_cq_low(FAB_COLL_PUT, (uint32_t)p->puts_posted));
     deadline = 0;
@@ -499,14 +411,15 @@ static fab_result put_common(void* rma_ctx, int context, uint64_t src_off, void*
     sw = window(t.g, s->mhandle, "signalMhandle", (int)rank, s->off, 8, fn);
     if (!sw) return FAB_ERR_INVALID_USAGE;
   }
-  if (!t.p) { /* our own rank: the data and the signal are placed here and now */
-    if (size) memmove((char*)dst->base + dst_off, (char*)src->base + src_off, size);
-    if (sw) self_signal(sw, s);
-    return done_at_once(t.g, NULL, request);
+  if (!t.p) {
+    rc = self_put(t.g, src, src_off, size, dst, dst_off, sw, s, fn);
+    return rc == FAB_OK ? done_at_once(t.g, NULL, request) : rc;
   }
   if (!size && !sw) return done_at_once(t.g, t.p, request);
   pthread_mutex_lock(&t.g->lock);
-  int nops = (size > 0) + (sw != NULL);
+  uint64_t nchunks = size && (src->staged || dst->remote_staged[rank])
+                         ? fab_coll_stage_chunks(t.p, size, dst->remote_staged[rank]) : 0;
+  int nops = (int)(nchunks ? nchunks : size > 0) + (sw != NULL);
   fab_coll_req* r = req_get(t.g, t.p, nops);
   if (!r) {
     pthread_mutex_unlock(&t.g->lock);
@@ -514,7 +427,7 @@ static fab_result put_common(void* rma_ctx, int context, uint64_t src_off, void*
     return FAB_ERR_SYSTEM;
   }
   t.p->ops_posted += (uint64_t)nops;
-  rc = post_put(&t, r, src, src_off, size, dst, dst_off, sw, s);
+  rc = post_put(&t, r, src, src_off, size, dst, dst_off, sw, s, nchunks);
   pthread_mutex_unlock(&t.g->lock);
   *request = r; /* a failure to post is reported by test, with the request */
   return FAB_OK;
@@ -549,8 +462,19 @@ fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* r
                                : NULL;
   if (!remote) return FAB_ERR_INVALID_USAGE;
   if (!t.p) {
-    memmove((char*)local->base + local_off, (char*)remote->base + remote_off, size);
+    const char* what = NULL;
+    if (fab_devcopy((char*)local->base + local_off, local->gpu, (char*)remote->base + remote_off, remote->gpu, size,
+                    &what)) {
+      FAB_WARN("iget: copying %zu bytes from our own rank failed: %s failed", size, what);
+      return FAB_ERR_CUDA;
+    }
     return done_at_once(t.g, NULL, request);
+  }
+  if (local->staged || remote->remote_staged[rank]) {
+    FAB_WARN("iget: rank %u's window or ours is GPU memory that device %s cannot reach (provider without FI_HMEM: "
+             "such windows are staged, and gets from them are not supported yet); use puts, or a provider with "
+             "GPUDirect", rank, t.g->dev->name);
+    return FAB_ERR_INVALID_USAGE;
   }
   pthread_mutex_lock(&t.g->lock);
   fab_coll_req* r = req_get(t.g, t.p, 1);

@@ -17,6 +17,8 @@ enum {
   FAB_CU_MEMORYTYPE_DEVICE = 2,
   FAB_CU_FLUSH_TARGET_CURRENT_CTX = 0,
   FAB_CU_FLUSH_TO_OWNER = 100,
+  FAB_CU_STREAM_NON_BLOCKING = 1,
+  FAB_CUDA_MAX_CONTEXTS = 16,
 };
 
 #ifdef FAB_HAVE_CUDA_H
@@ -42,7 +44,17 @@ static struct {
   fab_CUresult (*ctx_push)(void*);
   fab_CUresult (*ctx_pop)(void**);
   fab_CUresult (*copy_htod)(fab_CUdeviceptr, const void*, size_t);
-} g_cu;
+  /* for the one-sided engine's copies (fab_cuda_copy; optional as well) */
+  fab_CUresult (*copy_async)(fab_CUdeviceptr, fab_CUdeviceptr, size_t, void*);
+  fab_CUresult (*stream_create)(void**, unsigned int);
+  fab_CUresult (*stream_sync)(void*);
+  pthread_mutex_t streams_lock;
+  struct {
+    void* ctx;
+    void* stream;
+  } streams[FAB_CUDA_MAX_CONTEXTS];
+  int nstreams;
+} g_cu = {.streams_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void* sym(const char* name) { return g_cu.lib ? dlsym(g_cu.lib, name) : NULL; }
 
@@ -60,6 +72,9 @@ int fab_cuda_init(void) {
   g_cu.ctx_push = (fab_CUresult(*)(void*))sym("cuCtxPushCurrent_v2");
   g_cu.ctx_pop = (fab_CUresult(*)(void**))sym("cuCtxPopCurrent_v2");
   g_cu.copy_htod = (fab_CUresult(*)(fab_CUdeviceptr, const void*, size_t))sym("cuMemcpyHtoD_v2");
+  g_cu.copy_async = (fab_CUresult(*)(fab_CUdeviceptr, fab_CUdeviceptr, size_t, void*))sym("cuMemcpyAsync");
+  g_cu.stream_create = (fab_CUresult(*)(void**, unsigned int))sym("cuStreamCreate");
+  g_cu.stream_sync = (fab_CUresult(*)(void*))sym("cuStreamSynchronize");
   if (!g_cu.init || !g_cu.device_count || !g_cu.pointer_attr || !g_cu.flush) {
     FAB_INFO(FAB_SUBSYS_INIT, "CUDA driver lacks cuInit/cuDeviceGetCount/cuPointerGetAttribute/"
                               "cuFlushGPUDirectRDMAWrites: host memory only");
@@ -88,6 +103,10 @@ void fab_cuda_fini(void) {
   g_cu.ctx_push = NULL;
   g_cu.ctx_pop = NULL;
   g_cu.copy_htod = NULL;
+  g_cu.copy_async = NULL;
+  g_cu.stream_create = NULL;
+  g_cu.stream_sync = NULL;
+  g_cu.nstreams = 0; /* streams die with their contexts; the driver is unloaded here */
 }
 
 int fab_cuda_ptr_device(const void* ptr) {
@@ -118,6 +137,55 @@ int fab_cuda_copy_to_device(void* dst, const void* src, size_t n, const char** w
   if ((rc = g_cu.ctx_push(ctx)) != 0) return rc;
   *what = "cuMemcpyHtoD";
   rc = g_cu.copy_htod((fab_CUdeviceptr)(uintptr_t)dst, src, n);
+  void* popped;
+  g_cu.ctx_pop(&popped);
+  return rc;
+}
+
+/* Our stream in ctx (created on first use, non-blocking: a copy on the
+ * legacy default stream would wait for every kernel of the context, among
+ * them one that waits for the signal this copy precedes). */
+static void* stream_of(void* ctx, fab_CUresult* rc) {
+  void* st = NULL;
+  pthread_mutex_lock(&g_cu.streams_lock);
+  for (int i = 0; i < g_cu.nstreams && !st; i++)
+    if (g_cu.streams[i].ctx == ctx) st = g_cu.streams[i].stream;
+  if (!st && g_cu.nstreams < FAB_CUDA_MAX_CONTEXTS) {
+    *rc = g_cu.stream_create(&st, FAB_CU_STREAM_NON_BLOCKING);
+    if (*rc == 0) {
+      g_cu.streams[g_cu.nstreams].ctx = ctx;
+      g_cu.streams[g_cu.nstreams++].stream = st;
+    } else {
+      st = NULL;
+    }
+  } else if (!st) {
+    *rc = -1;
+  }
+  pthread_mutex_unlock(&g_cu.streams_lock);
+  return st;
+}
+
+int fab_cuda_copy(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what) {
+  *what = "cuPointerGetAttribute(CONTEXT)";
+  if (!g_cu.usable || !g_cu.ctx_push || !g_cu.ctx_pop || !g_cu.copy_async || !g_cu.stream_create ||
+      !g_cu.stream_sync)
+    return -1;
+  if (!n) return 0;
+  void* ctx = NULL;
+  fab_CUresult rc = g_cu.pointer_attr(&ctx, FAB_CU_POINTER_ATTRIBUTE_CONTEXT, (fab_CUdeviceptr)(uintptr_t)dev_ptr);
+  if (rc != 0 || !ctx) return rc ? rc : -1;
+  *what = "cuCtxPushCurrent";
+  if ((rc = g_cu.ctx_push(ctx)) != 0) return rc;
+  *what = "cuStreamCreate";
+  void* st = stream_of(ctx, &rc);
+  if (st) {
+    *what = "cuMemcpyAsync";
+    rc = g_cu.copy_async((fab_CUdeviceptr)(uintptr_t)dst, (fab_CUdeviceptr)(uintptr_t)src, n, st);
+    if (rc == 0) {
+      *what = "cuStreamSynchronize";
+      rc = g_cu.stream_sync(st);
+    }
+  }
   void* popped;
   g_cu.ctx_pop(&popped);
   return rc;

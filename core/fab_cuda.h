@@ -23,4 +23,12 @@ int fab_cuda_flush(const char** what);
  * calls); *what names the failing call. */
 int fab_cuda_copy_to_device(void* dst, const void* src, size_t n, const char** what);
 
+/* Copies n bytes between any two of host and GPU memory (unified
+ * addressing), on a non-blocking stream of our own in dev_ptr's context (the
+ * GPU side of the copy), and waits for it: when this returns 0 the bytes are
+ * in place, after every earlier copy made here. Returns 0, or the CUresult
+ * (-1: the driver lacks the calls, or more than 16 contexts); *what names the
+ * failing call. */
+int fab_cuda_copy(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what);
+
 #endif /* FAB_CUDA_H */

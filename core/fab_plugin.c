@@ -19,6 +19,7 @@
 #include "fab_prof.h"
 #include "fab_conn.h"
 #include "fab_cuda.h"
+#include "fab_devcopy.h"
 #include "fab_engine.h"
 #include "fab_transport.h"
 
@@ -40,11 +41,13 @@ static fab_result engine_up(void) {
   char bad[512];
   if (fab_params_load(&fab_g.params, bad, sizeof(bad)) != 0) FAB_WARN("ignored bad parameter values: %s", bad);
   fab_g.cuda_ok = fab_cuda_init();
+  fab_devcopy_init(fab_g.cuda_ok, fab_g.params.gpu_emulate);
   const fab_transport_ops* cands[4];
   int ncands = fab_transport_candidates(cands, 4);
   fab_result rc = fab_devices_discover(cands, ncands);
   if (rc != FAB_OK) {
     fab_devices_release();
+    fab_devcopy_fini();
     fab_cuda_fini();
     fab_g.cuda_ok = 0;
     return rc;
@@ -82,6 +85,7 @@ static void engine_down(void) {
     FAB_INFO(FAB_SUBSYS_INIT, "finalize: %d endpoints stay open: endpoints of this process not closed through the "
              "plugin still address them", buried);
   fab_devices_release();
+  fab_devcopy_fini();
   fab_cuda_fini();
   fab_obj_reset();
   fab_g.up = 0;

@@ -27,6 +27,9 @@ void fab_params_defaults(struct fab_params* params) {
   params->delivery_complete = -1;
   params->gpu_memory = -1;
   params->eager_max = 0u;
+  params->gpu_emulate = 0;
+  params->rma_stage_slots = 8;
+  params->rma_stage_bytes = 262144u;
 }
 
 /* Appends one complaint to errbuf, "; "-separated, never overflowing. */
@@ -263,6 +266,42 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->eager_max = (size_t)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_GPU_EMULATE")) != NULL) {
+    int v;
+    if (parse_bool(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_GPU_EMULATE=%s is not a boolean (1/0, true/false, yes/no, on/off); using 0", s);
+      bad++;
+    } else {
+      params->gpu_emulate = v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_RMA_STAGE_SLOTS")) != NULL) {
+    long long v;
+    if (parse_int(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_RMA_STAGE_SLOTS=%s is not an integer; using 8", s);
+      bad++;
+    } else if (v < 2 || v > 1024) {
+      complain(errbuf, errbuf_size, "FABRIC_RMA_STAGE_SLOTS=%s is outside %d..%d; using 8", s, 2, 1024);
+      bad++;
+    } else {
+      params->rma_stage_slots = (int)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_RMA_STAGE_BYTES")) != NULL) {
+    unsigned long long v;
+    if (parse_size(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_RMA_STAGE_BYTES=%s is not a size (bytes, optional K/M/G/T); using 262144", s);
+      bad++;
+    } else if (v < 65536u || v > 67108864u) {
+      complain(errbuf, errbuf_size, "FABRIC_RMA_STAGE_BYTES=%s is outside %zu..%zu; using 262144", s, (size_t)65536u, (size_t)67108864u);
+      bad++;
+    } else {
+      params->rma_stage_bytes = (size_t)v;
     }
   }
   return bad;

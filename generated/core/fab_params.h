@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 14
+#define FAB_PARAM_COUNT 17
 
 typedef struct fab_params fab_params;
 
@@ -47,6 +47,12 @@ struct fab_params {
   int gpu_memory;
   /* FABRIC_EAGER_MAX: rdma transport: the largest message a sender writes at once into its receiver's ring of 16 eager slots, without waiting for the receive's announcement (the receive copies it out). Costs 16 x (this + 32) bytes per recv comm and per send comm. 0 (the default): no eager path, every message waits for its buffer's announcement. Eager saves the wait for an announcement when receives are posted late; where they are posted ahead (NCCL, netbench) it only adds messages (credits, acknowledgements): 8-byte message rate 0.75x on shm and 0.95x on tcp;ofi_rxm of the eager-off rate (docs/performance.md §2.5). */
   size_t eager_max;
+  /* FABRIC_GPU_EMULATE: Tests only: one-sided windows registered as `NCCL_PTR_CUDA` are taken to be host memory that the CPU and the provider must not touch (the tests map it without access), and the plugin's GPU copies reach it through `/proc/self/mem`. Lets the CPU-only suite run the GPU-window paths (staging, signals into GPU memory) without a GPU. Never set it in production. */
+  int gpu_emulate;
+  /* FABRIC_RMA_STAGE_SLOTS: One-sided windows in GPU memory on a provider without FI_HMEM (tcp; shm on 1.17) are staged through host memory: each rank keeps this many slots per peer for the chunks it receives, and as many for the chunks it sends. Memory per peer: 2 x slots x `FABRIC_RMA_STAGE_BYTES`, allocated at the first such registration. */
+  int rma_stage_slots;
+  /* FABRIC_RMA_STAGE_BYTES: Size of one staging slot (see `FABRIC_RMA_STAGE_SLOTS`): a put into a staged GPU window moves in chunks of this size less 64 bytes of header; each chunk is one write, and one copy at each end. */
+  size_t rma_stage_bytes;
 };
 
 /* Fills *params with every default. */

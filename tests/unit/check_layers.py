@@ -18,14 +18,14 @@ import sys
 # file of the same stem (fab_engine.h: the provider layer's shared types).
 FLOORS = {
     "helpers": (0, ["fab_util", "fab_log", "fab_objtab", "fab_pool", "fab_wire", "fab_cuda", "fab_params",
-                    "fab_tagmap"]),
+                    "fab_tagmap", "fab_devcopy"]),
     "provider": (1, ["fab_engine", "fab_device", "fab_mr", "fab_endpoint", "fab_ep_local", "fab_rma", "fab_req", "fab_peer", "fab_signals",
                  "fab_prof", "fab_pwin"]),
     "transports": (2, ["fab_transport", "sr", "rd", "rd_send", "rd_recv", "rd_common", "rd_proto", "rd_eager"]),
     "connections": (3, ["fab_conn", "fab_ctx", "fab_conn_ep", "fab_ctrl", "fab_listen", "fab_connect", "fab_comm"]),
     "rails": (4, ["fab_rails", "fab_rails_data", "fab_rails_stripe", "fab_rails_route"]),
     "api": (5, ["fab_plugin", "fab_data", "fab_api_core", "fab_api", "fab_core", "fab_coll", "fab_coll_ops",
-                "fab_coll_xchg", "fab_coll_api", "fab_p2p_rma"]),
+                "fab_coll_target", "fab_coll_stage", "fab_coll_xchg", "fab_coll_api", "fab_p2p_rma"]),
 }
 FLOOR_OF = {stem: (level, name) for name, (level, stems) in FLOORS.items() for stem in stems}
 

@@ -1,0 +1,264 @@
+/* What lands at a target of a one-sided group: puts counted, signal records
+ * applied in order once the puts before them are in, acknowledgements, and
+ * staged chunks copied into GPU windows (fab_coll_target_drain). Also the
+ * group's handle check and its failure. See fab_coll.h for the protocol. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fab_coll.h"
+#include "fab_cuda.h"
+#include "fab_devcopy.h"
+
+/* --- the group ------------------------------------------------------------------ */
+
+fab_coll* fab_coll_get(void* handle, const char* fn) {
+  fab_coll* g = fab_obj_get(handle, FAB_OBJ_COLL);
+  if (g) return g;
+  fab_obj_kind k = fab_obj_kind_of(handle);
+  FAB_WARN("%s: %p is %s%s, not a live RMA collective comm", fn, handle, k ? "a " : "",
+           k ? fab_obj_kind_name(k) : "unknown or already closed");
+  return NULL;
+}
+
+fab_result fab_coll_fail(fab_coll* g, fab_result rc, const char* fn, const char* why) {
+  int was = atomic_exchange(&g->failed, (int)rc);
+  if (!was) {
+    snprintf(g->why, sizeof(g->why), "%s", why);
+    FAB_WARN("%s: the RMA group of %d ranks (rank %d) failed: %s", fn, g->nranks, g->rank, why);
+  }
+  return rc;
+}
+
+/* --- signals: the target side (target endpoint lock) ----------------------------------- */
+
+static void bad_peer(fab_coll_peer* p, const char* what) {
+  if (!p->bad[0]) snprintf(p->bad, sizeof(p->bad), "%s", what);
+  char why[192];
+  snprintf(why, sizeof(why), "rank %d sent %s; its writes are ignored from now on", p->rank, what);
+  fab_coll_fail(p->coll, FAB_ERR_REMOTE, "rmaProgress", why);
+}
+
+/* Adds the record's value to its signal word: 1 applied, 0 not now (a GPU
+ * window, and the caller may not touch GPU memory: progress will), -1 the
+ * record is bad (the peer is failed). */
+static int apply(fab_coll_peer* p, const fab_coll_sig* s, int can_gpu) {
+  fab_coll* g = p->coll;
+  fab_coll_win* w = s->window < g->nwins ? g->wins[s->window] : NULL;
+  if (!w) {
+    bad_peer(p, "a signal for a window that is not registered here");
+    return -1;
+  }
+  if (w->len < 8 || s->offset % 8 || s->offset > w->len - 8) {
+    bad_peer(p, "a signal outside its window");
+    return -1;
+  }
+  if (s->op != FAB_SIGNAL_INC && s->op != FAB_SIGNAL_ADD) {
+    bad_peer(p, "a signal with an unknown operation");
+    return -1;
+  }
+  uint64_t add = s->op == FAB_SIGNAL_INC ? 1 : s->value;
+  if (!w->gpu) {
+    __atomic_fetch_add((uint64_t*)(w->base + s->offset), add, __ATOMIC_RELEASE);
+    return 1;
+  }
+  if (!can_gpu) {
+    atomic_store_explicit(&p->gpu_sig_due, 1, memory_order_relaxed);
+    atomic_store_explicit(&g->due, 1, memory_order_release);
+    return 0;
+  }
+  return fab_coll_gpu_signal(g, w, s->offset, add, "rmaProgress") == FAB_OK ? 1 : -1;
+}
+
+/* Put number (mod 2^24) v landed: advance the prefix over every put in.
+ * 0 when v lies beyond the window (the peer ignored our acknowledgements). */
+static int put_landed(fab_coll_peer* p, uint32_t v) {
+  uint64_t n = p->puts_landed + ((v - (uint32_t)p->puts_landed) & 0xffffff);
+  uint64_t off = n - p->puts_landed;
+  if (off >= FAB_COLL_PUT_WINDOW) return 0;
+  uint64_t* seen = p->put_seen;
+  uint64_t bit = n % FAB_COLL_PUT_WINDOW;
+  if (seen[bit / 64] >> (bit % 64) & 1) return 0; /* twice */
+  seen[bit / 64] |= 1ull << (bit % 64);
+  for (;;) {
+    uint64_t b = p->puts_landed % FAB_COLL_PUT_WINDOW;
+    if (!(seen[b / 64] >> (b % 64) & 1)) break;
+    seen[b / 64] &= ~(1ull << (b % 64));
+    p->puts_landed++;
+  }
+  atomic_store_explicit(&p->puts_landed_pub, p->puts_landed, memory_order_release);
+  if (p->puts_landed - p->puts_acked_seen >= FAB_COLL_PUT_WINDOW / 4) {
+    p->puts_acked_seen = p->puts_landed;
+    atomic_store_explicit(&p->coll->due, 1, memory_order_release); /* time to acknowledge the prefix */
+  }
+  return 1;
+}
+
+/* Applies landed records in order, each once every put it follows is in;
+ * can_gpu: this thread may copy into GPU memory (progress, not a completion
+ * handler). Target lock held. */
+static void apply_ready(fab_coll_peer* p, int can_gpu) {
+  for (;;) {
+    uint32_t slot = p->sig_next % FAB_COLL_RING;
+    if (!p->landed[slot]) return;
+    fab_coll_sig s;
+    memcpy(&s, &p->ring_mem[slot], sizeof(s));
+    if (s.check != fab_coll_sig_check(&s) || s.seq != p->sig_next || s.token != p->token) {
+      bad_peer(p, "a signal record that fails its checks");
+      return;
+    }
+    if (s.puts_before > p->puts_landed) return; /* some of its puts are on the way */
+    if (apply(p, &s, can_gpu) <= 0) return;
+    p->landed[slot] = 0;
+    p->sig_next++;
+    atomic_store_explicit(&p->sig_applied, p->sig_next, memory_order_release);
+    atomic_store_explicit(&p->coll->due, 1, memory_order_release); /* its slot goes back to the source */
+  }
+}
+
+/* How far a 24-bit acknowledged count v is ahead of what we hold (negative:
+ * an older acknowledgement, dispatched after a newer one). */
+static int32_t ack_delta(uint32_t v, uint32_t acked) {
+  uint32_t d = (v - acked) & 0xffffff;
+  return d & 0x800000 ? (int32_t)d - 0x1000000 : (int32_t)d;
+}
+
+void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
+  fab_coll_peer* p = rc->onesided_arg;
+  if (!p || p->bad[0] || atomic_load(&p->coll->failed)) return;
+  uint32_t v = low & 0xffffff;
+  switch (low >> 28) {
+    case FAB_COLL_PUT:
+      if (!put_landed(p, v)) return bad_peer(p, "a put numbered beyond its window");
+      apply_ready(p, 0);
+      return;
+    case FAB_COLL_SIGNAL:
+      if (v >= FAB_COLL_RING || p->landed[v]) return bad_peer(p, "a signal into a ring slot it does not own");
+      p->landed[v] = 1;
+      apply_ready(p, 0);
+      return;
+    case FAB_COLL_STAGED: /* copied into its window by progress (fab_coll_target_drain) */
+      if (!p->rx_landed || v >= p->coll->rx_slots || p->rx_landed[v])
+        return bad_peer(p, "a chunk into a staging slot it does not own");
+      p->rx_landed[v] = 1;
+      atomic_store_explicit(&p->coll->due, 1, memory_order_release);
+      return;
+    case FAB_COLL_ACK_STAGED: {
+      uint32_t acked = atomic_load_explicit(&p->chunk_acked, memory_order_relaxed);
+      int32_t delta = ack_delta(v, acked);
+      uint32_t sent = atomic_load_explicit(&p->chunk_seq, memory_order_acquire);
+      if (delta > (int32_t)p->stage_slots || (delta > 0 && (int32_t)(sent - (acked + (uint32_t)delta)) < 0))
+        return bad_peer(p, "an acknowledgement of chunks never sent");
+      if (delta > 0) {
+        atomic_store_explicit(&p->chunk_acked, acked + (uint32_t)delta, memory_order_release);
+        atomic_store_explicit(&p->coll->due, 1, memory_order_release); /* queued chunks may go */
+      }
+      return;
+    }
+    case FAB_COLL_ACK: {
+      /* threads that read one CQ may dispatch its entries in any order: an
+       * acknowledgement older than one already seen changes nothing */
+      uint32_t acked = atomic_load_explicit(&p->sig_acked, memory_order_relaxed);
+      int32_t delta = ack_delta(v, (uint32_t)acked);
+      uint32_t sent = atomic_load_explicit(&p->sig_seq, memory_order_relaxed);
+      if (delta > FAB_COLL_RING || (delta > 0 && (int32_t)(sent - (acked + (uint32_t)delta)) < 0))
+        return bad_peer(p, "an acknowledgement of signals never sent");
+      if (delta > 0) atomic_store_explicit(&p->sig_acked, acked + (uint32_t)delta, memory_order_release);
+      return;
+    }
+    case FAB_COLL_ACK_PUTS: {
+      uint64_t acked = atomic_load_explicit(&p->puts_acked, memory_order_relaxed);
+      int32_t delta = ack_delta(v, (uint32_t)acked);
+      if (delta > FAB_COLL_PUT_WINDOW) return bad_peer(p, "an acknowledgement of puts never sent");
+      if (delta > 0) atomic_store_explicit(&p->puts_acked, acked + (uint64_t)delta, memory_order_release);
+      return;
+    }
+    default:
+      bad_peer(p, "a one-sided write of an unknown kind");
+  }
+}
+
+
+/* --- GPU windows ------------------------------------------------------------------------ */
+
+fab_result fab_coll_gpu_signal(fab_coll* g, fab_coll_win* w, uint64_t off, uint64_t add, const char* fn) {
+  const char* what = NULL;
+  int rc = 0;
+  if (g->gpu_direct && fab_devcopy_needs_flush()) rc = fab_cuda_flush(&what); /* the NIC's writes first */
+  if (rc == 0) rc = fab_devcopy_add64((void*)(w->base + off), add, &what);
+  if (rc == 0) return FAB_OK;
+  char why[160];
+  snprintf(why, sizeof(why), "updating a signal in GPU memory failed: %s returned %d", what, rc);
+  return fab_coll_fail(g, FAB_ERR_CUDA, fn, why);
+}
+
+/* The chunk in p's staging slot: where it goes, checked against our windows
+ * (target lock held). NULL: it is bad, and the peer is failed. */
+static fab_coll_win* chunk_window(fab_coll_peer* p, const fab_coll_chunk* c) {
+  fab_coll* g = p->coll;
+  if (c->check != fab_coll_chunk_check(c) || c->token != p->token || c->seq != p->rx_next ||
+      c->len > g->rx_slot_bytes - sizeof(*c)) {
+    bad_peer(p, "a staged chunk that fails its checks");
+    return NULL;
+  }
+  fab_coll_win* w = c->window < g->nwins ? g->wins[c->window] : NULL;
+  if (!w || !w->staged) {
+    bad_peer(p, "a staged chunk for a window that is not a staged window here");
+    return NULL;
+  }
+  if (c->offset > w->len || c->len > w->len - c->offset) {
+    bad_peer(p, "a staged chunk outside its window");
+    return NULL;
+  }
+  return w;
+}
+
+/* Copies p's landed chunks into their windows, in order; each then counts
+ * as a landed put, so signals after it may apply. */
+static void drain_chunks(fab_coll_peer* p) {
+  fab_coll* g = p->coll;
+  fab_endpoint* ep = g->target_ep;
+  for (;;) {
+    uint32_t slot = p->rx_next % g->rx_slots;
+    const char* mem = g->rx_mem + ((size_t)p->rank * g->rx_slots + slot) * g->rx_slot_bytes;
+    fab_coll_chunk c;
+    pthread_mutex_lock(&ep->lock);
+    fab_coll_win* w = NULL;
+    if (p->rx_landed[slot] && !p->bad[0]) {
+      memcpy(&c, mem, sizeof(c));
+      w = chunk_window(p, &c);
+    }
+    pthread_mutex_unlock(&ep->lock);
+    if (!w) return;
+    /* w stays: deregistration takes coll->lock, which we hold */
+    const char* what = NULL;
+    int rc = fab_devcopy((void*)(w->base + c.offset), 1, mem + sizeof(c), 0, c.len, &what);
+    if (rc != 0) {
+      char why[160];
+      snprintf(why, sizeof(why), "copying a staged chunk into GPU memory failed: %s returned %d", what, rc);
+      fab_coll_fail(g, FAB_ERR_CUDA, "rmaProgress", why);
+      return;
+    }
+    pthread_mutex_lock(&ep->lock);
+    p->rx_landed[slot] = 0;
+    p->rx_next++;
+    atomic_store_explicit(&p->rx_done, p->rx_next, memory_order_release);
+    if (!put_landed(p, (uint32_t)c.put)) bad_peer(p, "a staged chunk numbered beyond its window");
+    else apply_ready(p, 1);
+    pthread_mutex_unlock(&ep->lock);
+    atomic_store_explicit(&g->due, 1, memory_order_release); /* its slot goes back to the source */
+  }
+}
+
+void fab_coll_target_drain(fab_coll* g) {
+  for (int r = 0; r < g->nranks; r++) {
+    fab_coll_peer* p = &g->peers[r];
+    if (!p->rc || p->bad[0]) continue;
+    if (p->rx_landed) drain_chunks(p);
+    if (atomic_exchange_explicit(&p->gpu_sig_due, 0, memory_order_acq_rel)) {
+      pthread_mutex_lock(&g->target_ep->lock);
+      apply_ready(p, 1);
+      pthread_mutex_unlock(&g->target_ep->lock);
+    }
+  }
+}

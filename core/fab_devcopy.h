@@ -1,0 +1,43 @@
+/*
+ * The one place the engine moves bytes to or from GPU memory (one-sided
+ * windows in GPU memory, their signals). Nothing else in the engine reads or
+ * writes such memory with the CPU.
+ *
+ * Two backends: the CUDA driver (core/fab_cuda.c: a non-blocking stream of
+ * our own per context, each copy waited for), or, for the CPU-only test
+ * suite, emulation (FABRIC_GPU_EMULATE=1): "GPU memory" is host memory the
+ * tests map without access, so any direct touch by the CPU or the provider
+ * faults, and copies reach it through /proc/self/mem.
+ *
+ * Every copy is complete (visible to the GPU and to later copies) when the
+ * call returns 0.
+ */
+#ifndef FAB_DEVCOPY_H
+#define FAB_DEVCOPY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* cuda_ok: the driver loaded (fab_cuda_init); emulate: FABRIC_GPU_EMULATE. */
+void fab_devcopy_init(int cuda_ok, int emulate);
+void fab_devcopy_fini(void);
+/* 1 when GPU memory can be copied (a usable driver, or emulation). */
+int fab_devcopy_ready(void);
+/* "CUDA driver", "emulated (FABRIC_GPU_EMULATE)" or "none". */
+const char* fab_devcopy_backend(void);
+/* 1 when p is GPU memory (under emulation: any pointer). */
+int fab_devcopy_is_device(const void* p);
+/* 1 when GPU memory written by a provider needs a GPUDirect flush before the
+ * GPU may read it (the real driver). */
+int fab_devcopy_needs_flush(void);
+
+/* Copies n bytes from src to dst; *_dev says which side is GPU memory
+ * (either, both or neither). Returns 0, or non-zero with *what naming the
+ * call that failed. */
+int fab_devcopy(void* dst, int dst_dev, const void* src, int src_dev, size_t n, const char** what);
+/* Adds add to the 64-bit word at word in GPU memory (read, add, write: not
+ * atomic against the GPU writing the same word; NCCL's signal words are
+ * written only by the network). Returns 0 or non-zero with *what. */
+int fab_devcopy_add64(void* word, uint64_t add, const char** what);
+
+#endif /* FAB_DEVCOPY_H */
