@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "fab_core.h"
 #include "fab_log.h"
@@ -48,6 +49,9 @@ static struct {
   fab_CUresult (*copy_async)(fab_CUdeviceptr, fab_CUdeviceptr, size_t, void*);
   fab_CUresult (*stream_create)(void**, unsigned int);
   fab_CUresult (*stream_sync)(void*);
+  fab_CUresult (*device_get)(int*, int);
+  fab_CUresult (*primary_retain)(void**, int);
+  void* primary[FAB_CUDA_MAX_CONTEXTS]; /* retained primary contexts, by ordinal */
   pthread_mutex_t streams_lock;
   struct {
     void* ctx;
@@ -75,6 +79,8 @@ int fab_cuda_init(void) {
   g_cu.copy_async = (fab_CUresult(*)(fab_CUdeviceptr, fab_CUdeviceptr, size_t, void*))sym("cuMemcpyAsync");
   g_cu.stream_create = (fab_CUresult(*)(void**, unsigned int))sym("cuStreamCreate");
   g_cu.stream_sync = (fab_CUresult(*)(void*))sym("cuStreamSynchronize");
+  g_cu.device_get = (fab_CUresult(*)(int*, int))sym("cuDeviceGet");
+  g_cu.primary_retain = (fab_CUresult(*)(void**, int))sym("cuDevicePrimaryCtxRetain");
   if (!g_cu.init || !g_cu.device_count || !g_cu.pointer_attr || !g_cu.flush) {
     FAB_INFO(FAB_SUBSYS_INIT, "CUDA driver lacks cuInit/cuDeviceGetCount/cuPointerGetAttribute/"
                               "cuFlushGPUDirectRDMAWrites: host memory only");
@@ -106,7 +112,10 @@ void fab_cuda_fini(void) {
   g_cu.copy_async = NULL;
   g_cu.stream_create = NULL;
   g_cu.stream_sync = NULL;
+  g_cu.device_get = NULL;
+  g_cu.primary_retain = NULL;
   g_cu.nstreams = 0; /* streams die with their contexts; the driver is unloaded here */
+  memset(g_cu.primary, 0, sizeof(g_cu.primary)); /* retained for the process's life, as the runtime does */
 }
 
 int fab_cuda_ptr_device(const void* ptr) {
@@ -165,15 +174,34 @@ static void* stream_of(void* ctx, fab_CUresult* rc) {
   return st;
 }
 
+/* The context to copy in for GPU memory at p: the one it was allocated in,
+ * or, for memory mapped with cuMemMap (ncclMemAlloc), which belongs to no
+ * context, its device's primary context. */
+static fab_CUresult context_of(const void* p, void** ctx) {
+  *ctx = NULL;
+  fab_CUresult rc = g_cu.pointer_attr(ctx, FAB_CU_POINTER_ATTRIBUTE_CONTEXT, (fab_CUdeviceptr)(uintptr_t)p);
+  if (rc == 0 && *ctx) return 0;
+  int ordinal = -1, dev = 0;
+  rc = g_cu.pointer_attr(&ordinal, FAB_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (fab_CUdeviceptr)(uintptr_t)p);
+  if (rc != 0) return rc;
+  if (ordinal < 0 || ordinal >= FAB_CUDA_MAX_CONTEXTS || !g_cu.device_get || !g_cu.primary_retain) return -1;
+  pthread_mutex_lock(&g_cu.streams_lock);
+  if (!g_cu.primary[ordinal] && (rc = g_cu.device_get(&dev, ordinal)) == 0)
+    rc = g_cu.primary_retain(&g_cu.primary[ordinal], dev);
+  *ctx = g_cu.primary[ordinal];
+  pthread_mutex_unlock(&g_cu.streams_lock);
+  return rc ? rc : *ctx ? 0 : -1;
+}
+
 int fab_cuda_copy(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what) {
-  *what = "cuPointerGetAttribute(CONTEXT)";
+  *what = "cuPointerGetAttribute(CONTEXT or DEVICE_ORDINAL)";
   if (!g_cu.usable || !g_cu.ctx_push || !g_cu.ctx_pop || !g_cu.copy_async || !g_cu.stream_create ||
       !g_cu.stream_sync)
     return -1;
   if (!n) return 0;
   void* ctx = NULL;
-  fab_CUresult rc = g_cu.pointer_attr(&ctx, FAB_CU_POINTER_ATTRIBUTE_CONTEXT, (fab_CUdeviceptr)(uintptr_t)dev_ptr);
-  if (rc != 0 || !ctx) return rc ? rc : -1;
+  fab_CUresult rc = context_of(dev_ptr, &ctx);
+  if (rc != 0) return rc;
   *what = "cuCtxPushCurrent";
   if ((rc = g_cu.ctx_push(ctx)) != 0) return rc;
   *what = "cuStreamCreate";
