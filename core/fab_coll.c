@@ -335,6 +335,8 @@ void fab_coll_win_free(fab_coll_win* w) {
   if (w->mr_handle) fab_mr_deregister(w->mr_handle); /* a staged window has none */
   free(w->remote);
   free(w->remote_staged);
+  free(w->shadow);
+  free(w->shadow_known);
   free(w);
 }
 

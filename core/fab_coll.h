@@ -43,6 +43,7 @@ enum {
   FAB_COLL_MAX_CONTEXTS = 256, /* contexts per createContext */
   FAB_COLL_REQ_CHUNK = 256,    /* requests are allocated this many at a time */
   FAB_COLL_XCHG_BYTES = 64,    /* one rank's part of a collective exchange */
+  FAB_COLL_SHADOW_MAX = 65536, /* largest GPU window whose signal words are shadowed */
 };
 
 /* What the low 32 bits of a one-sided write's remote CQ data say. */
@@ -152,6 +153,7 @@ typedef struct fab_coll_peer {
   _Atomic uint32_t chunk_acked; /* chunks the peer has copied out */
   char* tx_mem;                /* our slots for chunks to the peer (FABRIC_RMA_STAGE_*) */
   fab_rma_buf tx_reg;
+  int tx_pinned;
   fab_coll_txslot* tx;
   uint32_t tx_next;            /* slots are used in turn */
   fab_list staging;            /* requests with bytes still to stage, in order */
@@ -174,6 +176,9 @@ typedef struct fab_coll_win {
   size_t len;
   int gpu;               /* our window is GPU memory: only fab_devcopy touches it */
   int staged;            /* ... not registered with the provider: puts into it are staged */
+  uint64_t* shadow;      /* a GPU window's signal words as we last stored them (only the network writes
+                          * them: NEVER_RESET), so a signal is one store, not a read and a store */
+  uint8_t* shadow_known;
   fab_window* remote;    /* per rank */
   uint8_t* remote_staged; /* per rank: that rank's window is staged */
 } fab_coll_win;
@@ -208,6 +213,7 @@ struct fab_coll {
   /* our staging ring: every peer's chunks for our staged windows (fab_coll_stage.c) */
   char* rx_mem;
   fab_rma_buf rx_reg;
+  int rx_pinned;
   uint32_t rx_slots, rx_slot_bytes;
   int gpu_direct;        /* a window of ours is GPU memory the provider writes into (flush before signals) */
 };
@@ -271,14 +277,15 @@ void fab_coll_target_landed(fab_comm* rc, uint32_t low);
  * signals into GPU windows. coll->lock held. */
 void fab_coll_target_drain(fab_coll* g);
 /* Adds add to the signal word at off in our GPU window w, after the data
- * before it (a GPUDirect flush where a provider wrote into GPU memory). A
- * failure fails the group. */
+ * before it (a GPUDirect flush where a provider wrote into GPU memory): one
+ * 8-byte store, ordered after every copy into GPU memory made before it. A
+ * failure fails the group. Target lock held. */
 fab_result fab_coll_gpu_signal(fab_coll* g, fab_coll_win* w, uint64_t off, uint64_t add, const char* fn);
 
 /* fab_coll_stage.c: staging through host memory for GPU windows the
  * provider cannot reach. */
 /* Our staging ring for peers' chunks, made at the first staged window. */
-fab_result fab_coll_stage_rx_make(fab_coll* g, const char* fn);
+fab_result fab_coll_stage_rx_make(fab_coll* g, const void* gpu_window, const char* fn);
 /* Queues a staged put of r (chunks counted in r->pending) and posts what the
  * slots allow. coll->lock held. */
 void fab_coll_stage_put(fab_coll_peer* p, fab_coll_req* r);

@@ -224,7 +224,7 @@ static fab_result publish(fab_coll* g, fab_coll_win* w, const char* fn) {
 
 static fab_result reg_sym(fab_coll* g, fab_coll_win* w, void* data, size_t size, int type, uint64_t offset, int fd,
                           const char* fn) {
-  fab_result rc = w->staged ? fab_coll_stage_rx_make(g, fn)
+  fab_result rc = w->staged ? fab_coll_stage_rx_make(g, data, fn)
                             : fab_mr_register_on(g->dev, g->target_ep->dev, data, size, type, offset, fd,
                                                  &w->mr_handle, fn);
   if (rc != FAB_OK) return rc;
@@ -270,8 +270,17 @@ static fab_result gpu_window_ok(fab_coll* g, void* data, int fd, int* staged, co
   return FAB_OK;
 }
 
+/* A GPU window whose signal words only the network writes keeps a shadow of
+ * them (small windows: NCCL's signal arrays), so a signal is one store. */
+static int shadow_make(fab_coll_win* w, uint64_t mr_flags) {
+  if (!w->gpu || !(mr_flags & FAB_MR_FLAG_SIGNAL_NEVER_RESET) || w->len > FAB_COLL_SHADOW_MAX) return 0;
+  w->shadow = calloc(w->len / 8 + 1, sizeof(*w->shadow));
+  w->shadow_known = calloc(w->len / 8 + 1, 1);
+  return w->shadow && w->shadow_known ? 0 : -1;
+}
+
 static fab_result reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
-                             void** mhandle, void** gin_handle, const char* fn) {
+                             uint64_t mr_flags, void** mhandle, void** gin_handle, const char* fn) {
   if (!mhandle) return fab_bad_argument(fn, "mhandle", 0, "a non-NULL pointer");
   *mhandle = NULL;
   if (gin_handle) *gin_handle = NULL;
@@ -298,6 +307,11 @@ static fab_result reg_mr_sym(void* coll, void* data, size_t size, int type, uint
   w->len = size;
   w->gpu = type == FAB_PTR_CUDA;
   w->staged = staged;
+  if (shadow_make(w, mr_flags) != 0) {
+    fab_coll_win_free(w);
+    FAB_WARN("%s: out of memory", fn);
+    return FAB_ERR_SYSTEM;
+  }
   pthread_mutex_lock(&g->xchg_lock);
   fab_result rc = reg_sym(g, w, data, size, type, offset, fd, fn);
   pthread_mutex_unlock(&g->xchg_lock);
@@ -313,13 +327,12 @@ static fab_result reg_mr_sym(void* coll, void* data, size_t size, int type, uint
 
 fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle,
                           void** gin_handle) {
-  (void)mr_flags; /* FORCE_SO, NEVER_RESET: signals are applied in order by the target here anyway */
-  return reg_mr_sym(coll, data, size, type, 0, -1, mhandle, gin_handle, "regMrSym");
+  /* FORCE_SO: signals are applied in order by the target here anyway; NEVER_RESET: shadow_make */
+  return reg_mr_sym(coll, data, size, type, 0, -1, mr_flags, mhandle, gin_handle, "regMrSym");
 }
 
 fab_result fab_reg_mr_sym_dmabuf(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
                                  uint64_t mr_flags, void** mhandle, void** gin_handle) {
-  (void)mr_flags;
   fab_coll* g = fab_coll_get(coll, "regMrSymDmaBuf");
   if (!g) return FAB_ERR_INTERNAL;
   if (fd >= 0 && !(g->dev->props.ptr_support & FAB_PTR_DMABUF)) {
@@ -328,7 +341,7 @@ fab_result fab_reg_mr_sym_dmabuf(void* coll, void* data, size_t size, int type, 
              "regMrSym", g->dev->name);
     return FAB_ERR_INTERNAL;
   }
-  return reg_mr_sym(coll, data, size, type, offset, fd, mhandle, gin_handle, "regMrSymDmaBuf");
+  return reg_mr_sym(coll, data, size, type, offset, fd, mr_flags, mhandle, gin_handle, "regMrSymDmaBuf");
 }
 
 fab_result fab_dereg_mr_sym(void* coll, void* mhandle) {

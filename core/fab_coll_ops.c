@@ -304,7 +304,12 @@ static fab_result self_put(fab_coll* g, fab_coll_win* src, uint64_t src_off, siz
   }
   if (!sw) return FAB_OK;
   uint64_t add = s->op == FAB_SIGNAL_INC ? 1 : s->value;
-  if (sw->gpu) return fab_coll_gpu_signal(g, sw, s->off, add, fn);
+  if (sw->gpu) { /* the target side's lock: it may be storing into the same window's shadow */
+    pthread_mutex_lock(&g->target_ep->lock);
+    fab_result rc = fab_coll_gpu_signal(g, sw, s->off, add, fn);
+    pthread_mutex_unlock(&g->target_ep->lock);
+    return rc;
+  }
   __atomic_fetch_add((uint64_t*)(sw->base + s->off), add, __ATOMIC_RELEASE);
   return FAB_OK;
 }

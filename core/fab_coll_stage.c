@@ -21,7 +21,7 @@
 static size_t slot_bytes(void) { return (size_t)fab_g.params.rma_stage_bytes; }
 static uint32_t slots(void) { return (uint32_t)fab_g.params.rma_stage_slots; }
 
-fab_result fab_coll_stage_rx_make(fab_coll* g, const char* fn) {
+fab_result fab_coll_stage_rx_make(fab_coll* g, const void* gpu_window, const char* fn) {
   if (g->rx_mem) return FAB_OK;
   uint32_t n = slots();
   size_t sb = slot_bytes(), len = (size_t)g->nranks * n * sb;
@@ -42,6 +42,7 @@ fab_result fab_coll_stage_rx_make(fab_coll* g, const char* fn) {
     snprintf(why, sizeof(why), "registering the staging ring for GPU windows failed: %s", fi_strerror(-rc));
     return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, why);
   }
+  g->rx_pinned = fab_devcopy_pin(mem, len, gpu_window) == 0; /* faster copies; optional */
   g->rx_slots = n;
   g->rx_slot_bytes = (uint32_t)sb;
   g->rx_mem = mem; /* published by the exchange that announces it */
@@ -58,7 +59,7 @@ static void chunk_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_e
   atomic_store_explicit(&g->due, 1, memory_order_release); /* queued chunks may take the slot */
 }
 
-static int tx_make(fab_coll_peer* p) {
+static int tx_make(fab_coll_peer* p, const fab_coll_req* r) {
   if (p->tx) return 0;
   uint32_t n = slots();
   size_t len = (size_t)n * slot_bytes();
@@ -74,6 +75,7 @@ static int tx_make(fab_coll_peer* p) {
     return rc;
   }
   for (uint32_t i = 0; i < n; i++) fab_op_init(&p->tx[i].op, chunk_done, &p->tx[i], (int)i);
+  if (r->st_src->gpu) p->tx_pinned = fab_devcopy_pin(p->tx_mem, len, (void*)r->st_src->base) == 0;
   return 0;
 }
 
@@ -135,7 +137,7 @@ int fab_coll_stage_pump(fab_coll_peer* p) {
   fab_coll* g = p->coll;
   while (!fab_list_empty(&p->staging)) {
     fab_coll_req* r = FAB_CONTAINER_OF(p->staging.next, fab_coll_req, st_node);
-    if (!p->tx && tx_make(p) != 0) {
+    if (!p->tx && tx_make(p, r) != 0) {
       give_up(p, r, "out of memory for its staging slots");
       continue;
     }
@@ -206,6 +208,8 @@ void fab_coll_stage_free(fab_coll* g, int leak) {
     fab_coll_peer* p = &g->peers[r];
     if (leak && p->tx) continue; /* chunks in flight still complete into their slots */
     fab_rma_buf_dereg(&p->tx_reg);
+    if (p->tx_pinned) fab_devcopy_unpin(p->tx_mem);
+    p->tx_pinned = 0;
     free(p->tx_mem);
     free(p->tx);
     free(p->rx_landed);
@@ -213,6 +217,8 @@ void fab_coll_stage_free(fab_coll* g, int leak) {
     p->tx = NULL;
     p->rx_landed = NULL;
   }
+  if (g->rx_pinned) fab_devcopy_unpin(g->rx_mem); /* still writable for late writes, as retired */
+  g->rx_pinned = 0;
   if (g->rx_reg.mr) fab_rma_buf_retire(g->target_ep, &g->rx_reg, g->rx_mem); /* peers may still write */
   else free(g->rx_mem);
   g->rx_mem = NULL;

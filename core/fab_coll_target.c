@@ -183,10 +183,21 @@ void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
 
 fab_result fab_coll_gpu_signal(fab_coll* g, fab_coll_win* w, uint64_t off, uint64_t add, const char* fn) {
   const char* what = NULL;
+  void* word = (void*)(w->base + off);
+  size_t i = off / 8;
+  uint64_t v = 0;
   int rc = 0;
   if (g->gpu_direct && fab_devcopy_needs_flush()) rc = fab_cuda_flush(&what); /* the NIC's writes first */
-  if (rc == 0) rc = fab_devcopy_add64((void*)(w->base + off), add, &what);
-  if (rc == 0) return FAB_OK;
+  if (rc == 0 && w->shadow && w->shadow_known[i]) v = w->shadow[i];
+  else if (rc == 0) rc = fab_devcopy_load64(word, &v, &what);
+  if (rc == 0) rc = fab_devcopy_store64(word, v + add, &what);
+  if (rc == 0) {
+    if (w->shadow) {
+      w->shadow[i] = v + add;
+      w->shadow_known[i] = 1;
+    }
+    return FAB_OK;
+  }
   char why[160];
   snprintf(why, sizeof(why), "updating a signal in GPU memory failed: %s returned %d", what, rc);
   return fab_coll_fail(g, FAB_ERR_CUDA, fn, why);
@@ -194,9 +205,9 @@ fab_result fab_coll_gpu_signal(fab_coll* g, fab_coll_win* w, uint64_t off, uint6
 
 /* The chunk in p's staging slot: where it goes, checked against our windows
  * (target lock held). NULL: it is bad, and the peer is failed. */
-static fab_coll_win* chunk_window(fab_coll_peer* p, const fab_coll_chunk* c) {
+static fab_coll_win* chunk_window(fab_coll_peer* p, const fab_coll_chunk* c, uint32_t seq) {
   fab_coll* g = p->coll;
-  if (c->check != fab_coll_chunk_check(c) || c->token != p->token || c->seq != p->rx_next ||
+  if (c->check != fab_coll_chunk_check(c) || c->token != p->token || c->seq != seq ||
       c->len > g->rx_slot_bytes - sizeof(*c)) {
     bad_peer(p, "a staged chunk that fails its checks");
     return NULL;
@@ -213,41 +224,58 @@ static fab_coll_win* chunk_window(fab_coll_peer* p, const fab_coll_chunk* c) {
   return w;
 }
 
-/* Copies p's landed chunks into their windows, in order; each then counts
- * as a landed put, so signals after it may apply. */
+/* Copies p's landed chunks into their windows, in order (enqueued, then
+ * waited for once); each then counts as a landed put, so signals after it
+ * may apply. */
 static void drain_chunks(fab_coll_peer* p) {
   fab_coll* g = p->coll;
   fab_endpoint* ep = g->target_ep;
-  for (;;) {
-    uint32_t slot = p->rx_next % g->rx_slots;
+  uint32_t n = 0;
+  fab_coll_win* w = NULL;
+  fab_result failed = FAB_OK;
+  const char* what = NULL;
+  int rc = 0;
+  for (; n < g->rx_slots; n++) {
+    uint32_t slot = (p->rx_next + n) % g->rx_slots;
     const char* mem = g->rx_mem + ((size_t)p->rank * g->rx_slots + slot) * g->rx_slot_bytes;
     fab_coll_chunk c;
     pthread_mutex_lock(&ep->lock);
-    fab_coll_win* w = NULL;
+    fab_coll_win* cw = NULL;
     if (p->rx_landed[slot] && !p->bad[0]) {
       memcpy(&c, mem, sizeof(c));
-      w = chunk_window(p, &c);
+      cw = chunk_window(p, &c, p->rx_next + n);
     }
     pthread_mutex_unlock(&ep->lock);
-    if (!w) return;
-    /* w stays: deregistration takes coll->lock, which we hold */
-    const char* what = NULL;
-    int rc = fab_devcopy((void*)(w->base + c.offset), 1, mem + sizeof(c), 0, c.len, &what);
+    if (!cw) break;
+    /* cw stays: deregistration takes coll->lock, which we hold */
+    rc = fab_devcopy_async((void*)(cw->base + c.offset), 1, mem + sizeof(c), 0, c.len, &what);
     if (rc != 0) {
-      char why[160];
-      snprintf(why, sizeof(why), "copying a staged chunk into GPU memory failed: %s returned %d", what, rc);
-      fab_coll_fail(g, FAB_ERR_CUDA, "rmaProgress", why);
-      return;
+      failed = FAB_ERR_CUDA;
+      break;
     }
-    pthread_mutex_lock(&ep->lock);
+    w = cw;
+  }
+  if (failed == FAB_OK && n && (rc = fab_devcopy_wait((void*)w->base, &what)) != 0) failed = FAB_ERR_CUDA;
+  if (failed != FAB_OK) {
+    char why[160];
+    snprintf(why, sizeof(why), "copying a staged chunk into GPU memory failed: %s returned %d", what, rc);
+    fab_coll_fail(g, failed, "rmaProgress", why);
+    return;
+  }
+  if (!n) return;
+  pthread_mutex_lock(&ep->lock);
+  for (uint32_t k = 0; k < n && !p->bad[0]; k++) {
+    uint32_t slot = p->rx_next % g->rx_slots;
+    const fab_coll_chunk* c = (const fab_coll_chunk*)(g->rx_mem + ((size_t)p->rank * g->rx_slots + slot) * g->rx_slot_bytes);
+    uint64_t put = c->put; /* read before the slot is given back */
     p->rx_landed[slot] = 0;
     p->rx_next++;
-    atomic_store_explicit(&p->rx_done, p->rx_next, memory_order_release);
-    if (!put_landed(p, (uint32_t)c.put)) bad_peer(p, "a staged chunk numbered beyond its window");
-    else apply_ready(p, 1);
-    pthread_mutex_unlock(&ep->lock);
-    atomic_store_explicit(&g->due, 1, memory_order_release); /* its slot goes back to the source */
+    if (!put_landed(p, (uint32_t)put)) bad_peer(p, "a staged chunk numbered beyond its window");
   }
+  atomic_store_explicit(&p->rx_done, p->rx_next, memory_order_release);
+  apply_ready(p, 1);
+  pthread_mutex_unlock(&ep->lock);
+  atomic_store_explicit(&g->due, 1, memory_order_release); /* the slots go back to the source */
 }
 
 void fab_coll_target_drain(fab_coll* g) {

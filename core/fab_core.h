@@ -45,6 +45,9 @@ typedef fab_result (*fab_profiler_fn)(void** event_handle, int type, void* profi
 
 /* Pointer kinds (NCCL_PTR_*). */
 enum { FAB_PTR_HOST = 0x1, FAB_PTR_CUDA = 0x2, FAB_PTR_DMABUF = 0x4 };
+/* regMrSym's mrFlags (NCCL_NET_MR_FLAG_*): the runtime never writes the
+ * registration's signal words itself (only the network adds to them). */
+enum { FAB_MR_FLAG_FORCE_SO = 0x1, FAB_MR_FLAG_SIGNAL_NEVER_RESET = 0x2 };
 
 enum {
   FAB_HANDLE_SIZE = 128,     /* the connection handle NCCL carries between ranks */

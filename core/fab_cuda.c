@@ -19,6 +19,7 @@ enum {
   FAB_CU_FLUSH_TARGET_CURRENT_CTX = 0,
   FAB_CU_FLUSH_TO_OWNER = 100,
   FAB_CU_STREAM_NON_BLOCKING = 1,
+  FAB_CU_MEMHOSTREGISTER_PORTABLE = 1,
   FAB_CUDA_MAX_CONTEXTS = 16,
 };
 
@@ -49,6 +50,9 @@ static struct {
   fab_CUresult (*copy_async)(fab_CUdeviceptr, fab_CUdeviceptr, size_t, void*);
   fab_CUresult (*stream_create)(void**, unsigned int);
   fab_CUresult (*stream_sync)(void*);
+  fab_CUresult (*host_register)(void*, size_t, unsigned int);
+  fab_CUresult (*host_unregister)(void*);
+  fab_CUresult (*write_value64)(void*, fab_CUdeviceptr, uint64_t, unsigned int);
   fab_CUresult (*device_get)(int*, int);
   fab_CUresult (*primary_retain)(void**, int);
   void* primary[FAB_CUDA_MAX_CONTEXTS]; /* retained primary contexts, by ordinal */
@@ -79,6 +83,9 @@ int fab_cuda_init(void) {
   g_cu.copy_async = (fab_CUresult(*)(fab_CUdeviceptr, fab_CUdeviceptr, size_t, void*))sym("cuMemcpyAsync");
   g_cu.stream_create = (fab_CUresult(*)(void**, unsigned int))sym("cuStreamCreate");
   g_cu.stream_sync = (fab_CUresult(*)(void*))sym("cuStreamSynchronize");
+  g_cu.host_register = (fab_CUresult(*)(void*, size_t, unsigned int))sym("cuMemHostRegister_v2");
+  g_cu.host_unregister = (fab_CUresult(*)(void*))sym("cuMemHostUnregister");
+  g_cu.write_value64 = (fab_CUresult(*)(void*, fab_CUdeviceptr, uint64_t, unsigned int))sym("cuStreamWriteValue64_v2");
   g_cu.device_get = (fab_CUresult(*)(int*, int))sym("cuDeviceGet");
   g_cu.primary_retain = (fab_CUresult(*)(void**, int))sym("cuDevicePrimaryCtxRetain");
   if (!g_cu.init || !g_cu.device_count || !g_cu.pointer_attr || !g_cu.flush) {
@@ -114,6 +121,9 @@ void fab_cuda_fini(void) {
   g_cu.stream_sync = NULL;
   g_cu.device_get = NULL;
   g_cu.primary_retain = NULL;
+  g_cu.host_register = NULL;
+  g_cu.host_unregister = NULL;
+  g_cu.write_value64 = NULL;
   g_cu.nstreams = 0; /* streams die with their contexts; the driver is unloaded here */
   memset(g_cu.primary, 0, sizeof(g_cu.primary)); /* retained for the process's life, as the runtime does */
 }
@@ -193,28 +203,81 @@ static fab_CUresult context_of(const void* p, void** ctx) {
   return rc ? rc : *ctx ? 0 : -1;
 }
 
-int fab_cuda_copy(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what) {
+/* Pushes dev_ptr's context and finds our stream in it; 0 or the CUresult. */
+static fab_CUresult enter(const void* dev_ptr, void** st, const char** what) {
   *what = "cuPointerGetAttribute(CONTEXT or DEVICE_ORDINAL)";
   if (!g_cu.usable || !g_cu.ctx_push || !g_cu.ctx_pop || !g_cu.copy_async || !g_cu.stream_create ||
       !g_cu.stream_sync)
     return -1;
-  if (!n) return 0;
   void* ctx = NULL;
   fab_CUresult rc = context_of(dev_ptr, &ctx);
   if (rc != 0) return rc;
   *what = "cuCtxPushCurrent";
   if ((rc = g_cu.ctx_push(ctx)) != 0) return rc;
   *what = "cuStreamCreate";
-  void* st = stream_of(ctx, &rc);
-  if (st) {
-    *what = "cuMemcpyAsync";
-    rc = g_cu.copy_async((fab_CUdeviceptr)(uintptr_t)dst, (fab_CUdeviceptr)(uintptr_t)src, n, st);
-    if (rc == 0) {
-      *what = "cuStreamSynchronize";
-      rc = g_cu.stream_sync(st);
-    }
-  }
+  *st = stream_of(ctx, &rc);
+  if (*st) return 0;
   void* popped;
   g_cu.ctx_pop(&popped);
   return rc;
+}
+
+static void leave(void) {
+  void* popped;
+  g_cu.ctx_pop(&popped);
+}
+
+int fab_cuda_copy_async(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what) {
+  if (!n) return 0;
+  void* st = NULL;
+  fab_CUresult rc = enter(dev_ptr, &st, what);
+  if (rc != 0) return rc;
+  *what = "cuMemcpyAsync";
+  rc = g_cu.copy_async((fab_CUdeviceptr)(uintptr_t)dst, (fab_CUdeviceptr)(uintptr_t)src, n, st);
+  leave();
+  return rc;
+}
+
+int fab_cuda_wait(const void* dev_ptr, const char** what) {
+  void* st = NULL;
+  fab_CUresult rc = enter(dev_ptr, &st, what);
+  if (rc != 0) return rc;
+  *what = "cuStreamSynchronize";
+  rc = g_cu.stream_sync(st);
+  leave();
+  return rc;
+}
+
+int fab_cuda_copy(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what) {
+  int rc = fab_cuda_copy_async(dst, src, n, dev_ptr, what);
+  return rc == 0 && n ? fab_cuda_wait(dev_ptr, what) : rc;
+}
+
+int fab_cuda_write64(void* word, uint64_t v, const char** what) {
+  if (!g_cu.write_value64) {
+    *what = "cuStreamWriteValue64 (missing: the value is copied instead)";
+    return fab_cuda_copy(word, &v, sizeof(v), word, what);
+  }
+  void* st = NULL;
+  fab_CUresult rc = enter(word, &st, what);
+  if (rc != 0) return rc;
+  *what = "cuStreamWriteValue64";
+  rc = g_cu.write_value64(st, (fab_CUdeviceptr)(uintptr_t)word, v, 0);
+  leave();
+  return rc;
+}
+
+int fab_cuda_pin(void* host, size_t n, const void* dev_ptr) {
+  if (!g_cu.host_register) return -1;
+  void* st = NULL;
+  const char* what;
+  fab_CUresult rc = enter(dev_ptr, &st, &what);
+  if (rc != 0) return rc;
+  rc = g_cu.host_register(host, n, FAB_CU_MEMHOSTREGISTER_PORTABLE);
+  leave();
+  return rc;
+}
+
+void fab_cuda_unpin(void* host) {
+  if (g_cu.usable && g_cu.host_unregister) g_cu.host_unregister(host);
 }

@@ -6,6 +6,7 @@
 #define FAB_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Loads the driver, cuInit(0), counts devices. Returns 1 when CUDA is usable
  * (at least one device and cuFlushGPUDirectRDMAWrites), else 0. Never WARNs:
@@ -30,5 +31,17 @@ int fab_cuda_copy_to_device(void* dst, const void* src, size_t n, const char** w
  * (-1: the driver lacks the calls, or more than 16 contexts); *what names the
  * failing call. */
 int fab_cuda_copy(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what);
+/* The same, only enqueued on that stream; fab_cuda_wait(dev_ptr) waits for
+ * everything enqueued in dev_ptr's context. */
+int fab_cuda_copy_async(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what);
+int fab_cuda_wait(const void* dev_ptr, const char** what);
+/* Enqueues a store of v into the GPU word at word (cuStreamWriteValue64: one
+ * 8-byte store, after everything enqueued before it on our stream); not
+ * waited for. */
+int fab_cuda_write64(void* word, uint64_t v, const char** what);
+/* Page-locks host memory for fast copies (cuMemHostRegister, portable), in
+ * dev_ptr's context; 0 when it did. fab_cuda_unpin undoes it. */
+int fab_cuda_pin(void* host, size_t n, const void* dev_ptr);
+void fab_cuda_unpin(void* host);
 
 #endif /* FAB_CUDA_H */

@@ -95,10 +95,28 @@ int fab_devcopy(void* dst, int dst_dev, const void* src, int src_dev, size_t n, 
   return fab_cuda_copy(dst, src, n, dst_dev ? dst : src, what);
 }
 
-int fab_devcopy_add64(void* word, uint64_t add, const char** what) {
-  uint64_t v = 0;
-  int rc = fab_devcopy(&v, 0, word, 1, sizeof(v), what);
-  if (rc != 0) return rc;
-  v += add;
+int fab_devcopy_async(void* dst, int dst_dev, const void* src, int src_dev, size_t n, const char** what) {
+  if (g_dc.backend != BACKEND_CUDA || (!dst_dev && !src_dev)) return fab_devcopy(dst, dst_dev, src, src_dev, n, what);
+  return fab_cuda_copy_async(dst, src, n, dst_dev ? dst : src, what);
+}
+
+int fab_devcopy_wait(const void* dev_ptr, const char** what) {
+  return g_dc.backend == BACKEND_CUDA ? fab_cuda_wait(dev_ptr, what) : 0;
+}
+
+int fab_devcopy_load64(const void* word, uint64_t* v, const char** what) {
+  return fab_devcopy(v, 0, word, 1, sizeof(*v), what);
+}
+
+int fab_devcopy_store64(void* word, uint64_t v, const char** what) {
+  if (g_dc.backend == BACKEND_CUDA) return fab_cuda_write64(word, v, what);
   return fab_devcopy(word, 1, &v, 0, sizeof(v), what);
+}
+
+int fab_devcopy_pin(void* host, size_t n, const void* dev_hint) {
+  return g_dc.backend == BACKEND_CUDA ? fab_cuda_pin(host, n, dev_hint) : -1;
+}
+
+void fab_devcopy_unpin(void* host) {
+  if (g_dc.backend == BACKEND_CUDA) fab_cuda_unpin(host);
 }

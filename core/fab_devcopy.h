@@ -35,9 +35,20 @@ int fab_devcopy_needs_flush(void);
  * (either, both or neither). Returns 0, or non-zero with *what naming the
  * call that failed. */
 int fab_devcopy(void* dst, int dst_dev, const void* src, int src_dev, size_t n, const char** what);
-/* Adds add to the 64-bit word at word in GPU memory (read, add, write: not
- * atomic against the GPU writing the same word; NCCL's signal words are
- * written only by the network). Returns 0 or non-zero with *what. */
-int fab_devcopy_add64(void* word, uint64_t add, const char** what);
+
+/* The same, only enqueued (GPU work of the device side's context, in order);
+ * fab_devcopy_wait(dev_ptr) waits for everything enqueued in dev_ptr's
+ * context. Emulated: done at once. */
+int fab_devcopy_async(void* dst, int dst_dev, const void* src, int src_dev, size_t n, const char** what);
+int fab_devcopy_wait(const void* dev_ptr, const char** what);
+/* Reads the 64-bit GPU word at word (after everything enqueued before). */
+int fab_devcopy_load64(const void* word, uint64_t* v, const char** what);
+/* Stores v into the GPU word at word as one 8-byte store, after everything
+ * enqueued before it; not waited for. */
+int fab_devcopy_store64(void* word, uint64_t v, const char** what);
+/* Page-locks host memory that copies will use (dev_hint: GPU memory of the
+ * context to do it in); 0 when it did. Unpin before freeing. */
+int fab_devcopy_pin(void* host, size_t n, const void* dev_hint);
+void fab_devcopy_unpin(void* host);
 
 #endif /* FAB_DEVCOPY_H */

@@ -215,8 +215,9 @@ static void setup(rr_ctx* c, grp* g, size_t region) {
   rr_phase(c, "regMrSym");
   RR_OK(c->api.reg_mr_sym(g->coll, g->data, data_len, data_type, 0, &g->data_mh, NULL));
   RR_OK(c->api.reg_mr_sym(g->coll, g->src, region, src_is_gpu() ? FAB_PTR_CUDA : FAB_PTR_HOST, 0, &g->src_mh, NULL));
+  /* the signal array as NCCL registers its own (FORCE_SO | SIGNAL_NEVER_RESET) */
   RR_OK(c->api.reg_mr_sym(g->coll, g->sig, (size_t)c->nranks * NCTX * 8, sig_is_gpu() ? FAB_PTR_CUDA : FAB_PTR_HOST,
-                          0, &g->sig_mh, NULL));
+                          FAB_MR_FLAG_FORCE_SO | FAB_MR_FLAG_SIGNAL_NEVER_RESET, &g->sig_mh, NULL));
   rr_barrier(c, "setup");
 }
 
