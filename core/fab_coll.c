@@ -242,6 +242,7 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
   fab_list_init(&g->ctxs);
   fab_list_init(&g->free_reqs);
   fab_list_init(&g->chunks);
+  fab_list_init(&g->serving);
   add_ep(g, l->ep);
   for (int r = 0; r < nranks; r++) {
     peers[r].coll = g;

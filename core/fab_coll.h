@@ -71,12 +71,18 @@ typedef struct fab_coll_sig {
   uint32_t op;          /* FAB_SIGNAL_INC / FAB_SIGNAL_ADD */
   uint32_t token;       /* the coll's token: a record of another group is refused */
   uint32_t check;       /* fab_coll_sig_check */
-  uint32_t reserved;
+  uint32_t get;         /* FAB_COLL_OP_GET: the get's number from this source */
 } fab_coll_sig;
 _Static_assert(sizeof(fab_coll_sig) == 48, "fab_coll_sig layout");
 
+/* A record's op besides NCCL's signal ops: "send me value bytes of window
+ * at offset" (a get from or into a staged window: the target answers with
+ * chunks into our staging ring, fab_coll_stage.c). */
+enum { FAB_COLL_OP_GET = 0x100, FAB_COLL_GETS = 256 /* gets in flight per (source, target) */ };
+
 static inline uint32_t fab_coll_sig_check(const fab_coll_sig* s) {
-  return (uint32_t)(s->puts_before ^ s->offset ^ s->value) ^ s->seq ^ s->window ^ s->op ^ s->token ^ 0x47495346u;
+  return (uint32_t)(s->puts_before ^ s->offset ^ s->value) ^ s->seq ^ s->window ^ s->op ^ s->token ^ s->get ^
+         0x47495346u;
 }
 
 /* At the head of a staging slot: where the chunk after it goes. Windows in
@@ -92,14 +98,31 @@ typedef struct fab_coll_chunk {
   uint32_t seq;      /* the chunk's number from this source */
   uint32_t token;    /* the source group's token */
   uint32_t check;    /* fab_coll_chunk_check */
-  uint32_t reserved[7];
+  uint32_t get;      /* window FAB_COLL_GET_REPLY: the get it answers (offset: within the get) */
+  uint32_t reserved[6];
 } fab_coll_chunk;
 _Static_assert(sizeof(fab_coll_chunk) == 64, "fab_coll_chunk layout");
+enum { FAB_COLL_GET_REPLY = 0xffffffffu };
 
 static inline uint32_t fab_coll_chunk_check(const fab_coll_chunk* c) {
   return (uint32_t)(c->put ^ c->offset ^ (c->put >> 32) ^ (c->offset >> 32)) ^ c->len ^ c->window ^ c->seq ^
-         c->token ^ 0x43484e4bu;
+         c->token ^ c->get ^ 0x43484e4bu;
 }
+
+struct fab_coll_win;
+/* A get of ours waiting for its data (source side, coll->lock). */
+typedef struct fab_coll_inflight_get {
+  struct fab_coll_req* req; /* NULL: the slot is free */
+  struct fab_coll_win* local;
+  uint64_t local_off, size, done;
+  uint32_t id;
+} fab_coll_inflight_get;
+
+/* A peer's get to serve (target side). */
+typedef struct fab_coll_ask {
+  uint64_t offset, size;
+  uint32_t window, id;
+} fab_coll_ask;
 
 typedef struct fab_coll fab_coll;
 struct fab_coll_req;
@@ -162,6 +185,12 @@ typedef struct fab_coll_peer {
   uint32_t rx_next;            /* the next chunk to copy out */
   _Atomic uint32_t rx_done;    /* = rx_next, for the acknowledging side */
   uint32_t rx_acked_sent;      /* copied-out count last acknowledged */
+  /* gets by request: ours to the peer (coll->lock), and the peer's to us (added under the target lock,
+   * served under coll->lock) */
+  fab_coll_inflight_get* gets;          /* FAB_COLL_GETS, by id */
+  uint32_t get_seq;
+  fab_coll_ask* asks;          /* FAB_COLL_GETS, a ring */
+  _Atomic uint32_t ask_head, ask_tail;
 } fab_coll_peer;
 
 /* A symmetric registration: ours, and every rank's window for it. */
@@ -216,6 +245,7 @@ struct fab_coll {
   int rx_pinned;
   uint32_t rx_slots, rx_slot_bytes;
   int gpu_direct;        /* a window of ours is GPU memory the provider writes into (flush before signals) */
+  fab_list serving;      /* our answers to peers' gets: requests of our own, freed once complete */
 };
 
 /* A context: an ordering domain to NCCL; here a validated name for a range of
@@ -248,6 +278,8 @@ typedef struct fab_coll_req {
   uint64_t st_src_off, st_dst_off, st_put;
   size_t st_left;
   int st_ring;          /* into the peer's staging ring (its window is staged), else into its window */
+  int st_get;           /* an answer to the peer's get st_get_id: st_dst_off counts within the get */
+  uint32_t st_get_id;
   fab_list st_node;     /* the peer's staging list */
 } fab_coll_req;
 
@@ -293,7 +325,9 @@ void fab_coll_stage_put(fab_coll_peer* p, fab_coll_req* r);
 int fab_coll_stage_pump(fab_coll_peer* p);
 /* Chunks a staged put of size bytes takes to p (ring: into its staging ring). */
 uint64_t fab_coll_stage_chunks(fab_coll_peer* p, size_t size, int ring);
-/* Fails and unqueues the staged puts reading or writing w (deregistered). */
+/* The ring of p's gets to serve and of ours in flight (made on first use). */
+int fab_coll_gets_make(fab_coll_peer* p);
+/* Fails and unqueues the staged puts and gets reading or writing w (deregistered). */
 void fab_coll_stage_drop_window(fab_coll* g, fab_coll_win* w);
 /* Releases the staging rings (ours retired: peers may still write; target
  * lock held). leak: operations are still in flight, their slots stay. */

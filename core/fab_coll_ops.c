@@ -67,6 +67,7 @@ static fab_coll_req* req_get(fab_coll* g, fab_coll_peer* p, int nops) {
   fab_coll_req* r = FAB_CONTAINER_OF(n, fab_coll_req, node);
   r->state = FAB_COLL_REQ_ACTIVE;
   r->flush = 0;
+  r->st_get = 0;
   r->peer = p;
   r->result = FAB_OK;
   r->why[0] = 0;
@@ -195,13 +196,69 @@ static fab_result acknowledge(fab_coll* g, fab_coll_peer* p, int* pending) {
   return rc == FAB_ERR_INTERNAL ? FAB_OK : rc;
 }
 
+/* --- gets by request (staged windows), the target side ------------------------------ */
+
+/* Answers p's gets in order: each is a staged put of ours into p's staging
+ * ring, its chunks numbered puts of ours. 1 while some wait. g->lock held. */
+static int serve_gets(fab_coll* g, fab_coll_peer* p) {
+  uint32_t tail = atomic_load_explicit(&p->ask_tail, memory_order_relaxed);
+  while (tail != atomic_load_explicit(&p->ask_head, memory_order_acquire)) {
+    fab_coll_ask a = p->asks[tail % FAB_COLL_GETS];
+    if (!p->stage_slots) {
+      fab_coll_fail(g, FAB_ERR_REMOTE, "rmaProgress", "a peer asked for a get but has no staging ring to take it");
+      return 0;
+    }
+    uint64_t nchunks = fab_coll_stage_chunks(p, a.size, 1);
+    if (p->puts_posted + nchunks - atomic_load_explicit(&p->puts_acked, memory_order_acquire) > FAB_COLL_PUT_WINDOW)
+      return 1; /* once the peer acknowledges more of our puts */
+    pthread_mutex_lock(&g->target_ep->lock);
+    fab_coll_win* w = a.window < g->nwins ? g->wins[a.window] : NULL;
+    pthread_mutex_unlock(&g->target_ep->lock);
+    fab_coll_req* r = w ? req_get(g, p, (int)nchunks) : NULL;
+    if (!r) {
+      fab_coll_fail(g, w ? FAB_ERR_SYSTEM : FAB_ERR_INVALID_USAGE, "rmaProgress",
+                    w ? "out of memory for the answer to a get" : "a window was deregistered while a peer's get "
+                        "from it was waiting to be answered");
+      return 0;
+    }
+    r->st_src = w;
+    r->st_dst = NULL;
+    r->st_src_off = a.offset;
+    r->st_dst_off = 0;
+    r->st_left = a.size;
+    r->st_ring = 1;
+    r->st_get = 1;
+    r->st_get_id = a.id;
+    r->st_put = p->puts_posted;
+    p->puts_posted += nchunks;
+    p->ops_posted += nchunks;
+    fab_list_push(&g->serving, &r->node);
+    fab_coll_stage_put(p, r);
+    atomic_store_explicit(&p->ask_tail, ++tail, memory_order_release);
+  }
+  return 0;
+}
+
+/* Our answers to gets are requests nobody tests: freed once complete. */
+static void sweep_serving(fab_coll* g) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &g->serving) {
+    fab_coll_req* r = FAB_CONTAINER_OF(it, fab_coll_req, node);
+    if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) continue;
+    fab_list_del(&r->node);
+    req_put(r);
+  }
+}
+
 fab_result fab_coll_post_waiting(fab_coll* g) {
   atomic_store_explicit(&g->due, 0, memory_order_relaxed);
   int again = 0;
   fab_coll_target_drain(g);
+  sweep_serving(g);
+  again |= !fab_list_empty(&g->serving);
   for (int i = 0; i < g->nranks; i++) {
     fab_coll_peer* p = &g->peers[i];
     if (!p->sc) continue;
+    if (p->asks) again |= serve_gets(g, p);
     again |= fab_coll_stage_pump(p);
     while (!fab_list_empty(&p->waiting)) {
       fab_coll_req* r = FAB_CONTAINER_OF(p->waiting.next, fab_coll_req, node);
@@ -290,6 +347,16 @@ static fab_result done_at_once(fab_coll* g, fab_coll_peer* p, void** request) {
     return FAB_ERR_SYSTEM;
   }
   *request = r;
+  return FAB_OK;
+}
+
+/* Posts r's record (r->sig, numbered) into p's ring, or queues it in order
+ * until the peer gives a slot back. g->lock held. */
+static fab_result post_record(fab_coll* g, fab_coll_peer* p, fab_coll_req* r) {
+  r->sig.check = fab_coll_sig_check(&r->sig);
+  if (fab_list_empty(&p->waiting) && ring_room(p, r->sig.seq)) return post_sig(r);
+  fab_list_push(&p->waiting, &r->node); /* posted in order as the peer gives slots back */
+  atomic_store_explicit(&g->due, 1, memory_order_release);
   return FAB_OK;
 }
 
@@ -388,13 +455,10 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
     p->puts_posted++;
   }
   if (!sw) return FAB_OK;
-  r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .offset = s->off, .value = s->value, .seq = atomic_fetch_add_explicit(&p->sig_seq, 1, memory_order_relaxed),
+  r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .offset = s->off, .value = s->value,
+                          .seq = atomic_fetch_add_explicit(&p->sig_seq, 1, memory_order_relaxed),
                           .window = sw->id, .op = s->op, .token = t->g->token};
-  r->sig.check = fab_coll_sig_check(&r->sig);
-  if (fab_list_empty(&p->waiting) && ring_room(p, r->sig.seq)) return post_sig(r);
-  fab_list_push(&p->waiting, &r->node); /* posted in order as the peer gives slots back */
-  atomic_store_explicit(&t->g->due, 1, memory_order_release);
-  return FAB_OK;
+  return post_record(t->g, p, r);
 }
 
 static fab_result put_common(void* rma_ctx, int context, uint64_t src_off, void* src_mh, size_t size,
@@ -455,6 +519,45 @@ fab_result fab_rma_iput_signal(void* rma_ctx, int context, uint64_t src_off, voi
                     "iputSignal");
 }
 
+/* A get from or into a staged window: a record asks the target for the
+ * bytes, which it writes as chunks into our staging ring; the request
+ * completes once every byte is copied into the local window. */
+static fab_result get_by_request(op_target* t, fab_coll_win* local, uint64_t local_off, fab_coll_win* remote,
+                                 uint64_t remote_off, size_t size, void** request) {
+  fab_coll* g = t->g;
+  fab_coll_peer* p = t->p;
+  if (!g->rx_mem) {
+    FAB_WARN("iget: rank %d's window is staged through host memory (GPU memory its provider cannot reach), and "
+             "its answer needs a staging ring here, which only a staged window of this rank makes: register a GPU "
+             "window on this rank first", p->rank);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  pthread_mutex_lock(&g->lock);
+  fab_coll_req* r = NULL;
+  int64_t deadline = 0;
+  int room = fab_coll_gets_make(p) == 0;
+  while (room && p->gets[p->get_seq % FAB_COLL_GETS].req) /* FAB_COLL_GETS gets to p still in flight */
+    if (progress_locked(g) != FAB_OK || !again(p->sc->ep, &deadline)) room = 0;
+  if (room) r = req_get(g, p, 2); /* the record, and the data */
+  if (r) {
+    uint32_t id = p->get_seq++;
+    p->gets[id % FAB_COLL_GETS] = (fab_coll_inflight_get){.req = r, .local = local, .local_off = local_off, .size = size,
+                                                 .id = id};
+    p->ops_posted += 2;
+    r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .offset = remote_off, .value = size,
+                            .seq = atomic_fetch_add_explicit(&p->sig_seq, 1, memory_order_relaxed),
+                            .window = remote->id, .op = FAB_COLL_OP_GET, .token = g->token, .get = id};
+    post_record(g, p, r);
+  }
+  pthread_mutex_unlock(&g->lock);
+  if (!r) {
+    FAB_WARN("iget: %s", room ? "out of memory for a request" : "no room for another get to that rank in time");
+    return room ? FAB_ERR_SYSTEM : FAB_ERR_INTERNAL;
+  }
+  *request = r;
+  return FAB_OK;
+}
+
 fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* remote_mhandle, size_t size,
                         uint64_t local_off, void* local_mhandle, uint32_t rank, uint32_t opt_flags, void** request) {
   (void)opt_flags;
@@ -475,12 +578,8 @@ fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* r
     }
     return done_at_once(t.g, NULL, request);
   }
-  if (local->staged || remote->remote_staged[rank]) {
-    FAB_WARN("iget: rank %u's window or ours is GPU memory that device %s cannot reach (provider without FI_HMEM: "
-             "such windows are staged, and gets from them are not supported yet); use puts, or a provider with "
-             "GPUDirect", rank, t.g->dev->name);
-    return FAB_ERR_INVALID_USAGE;
-  }
+  if (local->staged || remote->remote_staged[rank])
+    return get_by_request(&t, local, local_off, remote, remote_off, size, request);
   pthread_mutex_lock(&t.g->lock);
   fab_coll_req* r = req_get(t.g, t.p, 1);
   if (r) {

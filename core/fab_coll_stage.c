@@ -121,8 +121,9 @@ static ssize_t post_chunk(fab_coll_peer* p, fab_coll_req* r, fab_coll_txslot* s,
   uint32_t seq = atomic_load_explicit(&p->chunk_seq, memory_order_relaxed);
   uint32_t slot = seq % p->stage_slots;
   fab_coll_chunk* c = (fab_coll_chunk*)buf;
-  *c = (fab_coll_chunk){.put = r->st_put, .offset = r->st_dst_off, .len = (uint32_t)n, .window = r->st_dst->id,
-                        .seq = seq, .token = p->coll->token};
+  *c = (fab_coll_chunk){.put = r->st_put, .offset = r->st_dst_off, .len = (uint32_t)n,
+                        .window = r->st_get ? FAB_COLL_GET_REPLY : r->st_dst->id, .seq = seq, .token = p->coll->token,
+                        .get = r->st_get ? r->st_get_id : 0};
   c->check = fab_coll_chunk_check(c);
   uint64_t data = rd_cq_data(RD_DATA, sc->peer_id, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_STAGED, slot));
   /* counted first: the peer may copy it out and acknowledge it before the post returns */
@@ -186,11 +187,28 @@ void fab_coll_stage_put(fab_coll_peer* p, fab_coll_req* r) {
   if (fab_coll_stage_pump(p)) atomic_store_explicit(&p->coll->due, 1, memory_order_release);
 }
 
+int fab_coll_gets_make(fab_coll_peer* p) {
+  if (!p->gets) p->gets = calloc(FAB_COLL_GETS, sizeof(*p->gets));
+  return p->gets ? 0 : -1;
+}
+
 void fab_coll_stage_drop_window(fab_coll* g, fab_coll_win* w) {
   int dropped = 0;
   for (int i = 0; i < g->nranks; i++) {
     fab_coll_peer* p = &g->peers[i];
     if (!p->sc) continue;
+    for (int k = 0; p->gets && k < FAB_COLL_GETS; k++) {
+      fab_coll_inflight_get* e = &p->gets[k];
+      if (!e->req || e->local != w) continue;
+      if (!atomic_exchange(&e->req->failed, 1)) {
+        e->req->result = FAB_ERR_INVALID_USAGE;
+        snprintf(e->req->why, sizeof(e->req->why), "a get from rank %d: its window was deregistered before the data "
+                 "came", p->rank);
+      }
+      fab_coll_req_op_over(e->req, 0, NULL); /* its data will not be copied in */
+      e->req = NULL;
+      dropped++;
+    }
     FAB_LIST_FOREACH_SAFE(it, tmp, &p->staging) {
       fab_coll_req* r = FAB_CONTAINER_OF(it, fab_coll_req, st_node);
       if (r->st_src != w && r->st_dst != w) continue;
@@ -213,6 +231,10 @@ void fab_coll_stage_free(fab_coll* g, int leak) {
     free(p->tx_mem);
     free(p->tx);
     free(p->rx_landed);
+    free(p->gets);
+    free(p->asks);
+    p->gets = NULL;
+    p->asks = NULL;
     p->tx_mem = NULL;
     p->tx = NULL;
     p->rx_landed = NULL;

@@ -42,13 +42,35 @@ static void bad_peer(fab_coll_peer* p, const char* what) {
 /* Adds the record's value to its signal word: 1 applied, 0 not now (a GPU
  * window, and the caller may not touch GPU memory: progress will), -1 the
  * record is bad (the peer is failed). */
+/* A get from the peer (FAB_COLL_OP_GET): queued for progress, which answers
+ * with chunks into the peer's staging ring. */
+static int ask(fab_coll_peer* p, const fab_coll_sig* s, fab_coll_win* w) {
+  if (!s->value || s->offset > w->len || s->value > w->len - s->offset) {
+    bad_peer(p, "a get outside its window");
+    return -1;
+  }
+  uint32_t head = atomic_load_explicit(&p->ask_head, memory_order_relaxed);
+  if (!p->asks) p->asks = calloc(FAB_COLL_GETS, sizeof(*p->asks));
+  if (!p->asks || head - atomic_load_explicit(&p->ask_tail, memory_order_acquire) >= FAB_COLL_GETS) {
+    bad_peer(p, p->asks ? "more gets in flight than it may have" : "a get, and we are out of memory");
+    return -1;
+  }
+  p->asks[head % FAB_COLL_GETS] = (fab_coll_ask){.offset = s->offset, .size = s->value, .window = s->window,
+                                                 .id = s->get};
+  atomic_store_explicit(&p->ask_head, head + 1, memory_order_release);
+  atomic_store_explicit(&p->coll->due, 1, memory_order_release);
+  return 1;
+}
+
 static int apply(fab_coll_peer* p, const fab_coll_sig* s, int can_gpu) {
   fab_coll* g = p->coll;
   fab_coll_win* w = s->window < g->nwins ? g->wins[s->window] : NULL;
   if (!w) {
-    bad_peer(p, "a signal for a window that is not registered here");
+    bad_peer(p, s->op == FAB_COLL_OP_GET ? "a get from a window that is not registered here"
+                                         : "a signal for a window that is not registered here");
     return -1;
   }
+  if (s->op == FAB_COLL_OP_GET) return ask(p, s, w);
   if (w->len < 8 || s->offset % 8 || s->offset > w->len - 8) {
     bad_peer(p, "a signal outside its window");
     return -1;
@@ -203,25 +225,48 @@ fab_result fab_coll_gpu_signal(fab_coll* g, fab_coll_win* w, uint64_t off, uint6
   return fab_coll_fail(g, FAB_ERR_CUDA, fn, why);
 }
 
-/* The chunk in p's staging slot: where it goes, checked against our windows
- * (target lock held). NULL: it is bad, and the peer is failed. */
-static fab_coll_win* chunk_window(fab_coll_peer* p, const fab_coll_chunk* c, uint32_t seq) {
+/* Where the chunk in p's staging slot goes, checked against our windows or
+ * our gets in flight (target lock held; gets: coll->lock, held too). 0: it is
+ * bad, and the peer is failed. */
+static int chunk_dest(fab_coll_peer* p, const fab_coll_chunk* c, uint32_t seq, char** dst, int* dst_gpu) {
   fab_coll* g = p->coll;
   if (c->check != fab_coll_chunk_check(c) || c->token != p->token || c->seq != seq ||
       c->len > g->rx_slot_bytes - sizeof(*c)) {
     bad_peer(p, "a staged chunk that fails its checks");
-    return NULL;
+    return 0;
+  }
+  if (c->window == FAB_COLL_GET_REPLY) {
+    fab_coll_inflight_get* e = p->gets ? &p->gets[c->get % FAB_COLL_GETS] : NULL;
+    if (!e || !e->req || e->id != c->get || c->offset > e->size || c->len > e->size - c->offset) {
+      bad_peer(p, "an answer to a get we did not make, or outside it");
+      return 0;
+    }
+    *dst = (char*)e->local->base + e->local_off + c->offset;
+    *dst_gpu = e->local->gpu;
+    return 1;
   }
   fab_coll_win* w = c->window < g->nwins ? g->wins[c->window] : NULL;
   if (!w || !w->staged) {
     bad_peer(p, "a staged chunk for a window that is not a staged window here");
-    return NULL;
+    return 0;
   }
   if (c->offset > w->len || c->len > w->len - c->offset) {
     bad_peer(p, "a staged chunk outside its window");
-    return NULL;
+    return 0;
   }
-  return w;
+  *dst = (char*)w->base + c->offset;
+  *dst_gpu = 1;
+  return 1;
+}
+
+/* A get's answer is in: its request completes once every byte is (coll->lock). */
+static void get_part_in(fab_coll_peer* p, const fab_coll_chunk* c) {
+  fab_coll_inflight_get* e = &p->gets[c->get % FAB_COLL_GETS];
+  e->done += c->len;
+  if (e->done < e->size) return;
+  fab_coll_req* r = e->req;
+  e->req = NULL;
+  fab_coll_req_op_over(r, 0, NULL);
 }
 
 /* Copies p's landed chunks into their windows, in order (enqueued, then
@@ -231,46 +276,43 @@ static void drain_chunks(fab_coll_peer* p) {
   fab_coll* g = p->coll;
   fab_endpoint* ep = g->target_ep;
   uint32_t n = 0;
-  fab_coll_win* w = NULL;
-  fab_result failed = FAB_OK;
+  const void* gpu_ptr = NULL; /* a GPU destination, to wait for the copies in its context */
   const char* what = NULL;
   int rc = 0;
   for (; n < g->rx_slots; n++) {
     uint32_t slot = (p->rx_next + n) % g->rx_slots;
     const char* mem = g->rx_mem + ((size_t)p->rank * g->rx_slots + slot) * g->rx_slot_bytes;
     fab_coll_chunk c;
+    char* dst = NULL;
+    int dst_gpu = 0, ok = 0;
     pthread_mutex_lock(&ep->lock);
-    fab_coll_win* cw = NULL;
     if (p->rx_landed[slot] && !p->bad[0]) {
       memcpy(&c, mem, sizeof(c));
-      cw = chunk_window(p, &c, p->rx_next + n);
+      ok = chunk_dest(p, &c, p->rx_next + n, &dst, &dst_gpu);
     }
     pthread_mutex_unlock(&ep->lock);
-    if (!cw) break;
-    /* cw stays: deregistration takes coll->lock, which we hold */
-    rc = fab_devcopy_async((void*)(cw->base + c.offset), 1, mem + sizeof(c), 0, c.len, &what);
-    if (rc != 0) {
-      failed = FAB_ERR_CUDA;
-      break;
-    }
-    w = cw;
+    if (!ok) break;
+    /* the window stays: deregistration takes coll->lock, which we hold */
+    if ((rc = fab_devcopy_async(dst, dst_gpu, mem + sizeof(c), 0, c.len, &what)) != 0) break;
+    if (dst_gpu) gpu_ptr = dst;
   }
-  if (failed == FAB_OK && n && (rc = fab_devcopy_wait((void*)w->base, &what)) != 0) failed = FAB_ERR_CUDA;
-  if (failed != FAB_OK) {
+  if (rc == 0 && gpu_ptr) rc = fab_devcopy_wait(gpu_ptr, &what);
+  if (rc != 0) {
     char why[160];
-    snprintf(why, sizeof(why), "copying a staged chunk into GPU memory failed: %s returned %d", what, rc);
-    fab_coll_fail(g, failed, "rmaProgress", why);
+    snprintf(why, sizeof(why), "copying a staged chunk into its window failed: %s returned %d", what, rc);
+    fab_coll_fail(g, FAB_ERR_CUDA, "rmaProgress", why);
     return;
   }
   if (!n) return;
   pthread_mutex_lock(&ep->lock);
   for (uint32_t k = 0; k < n && !p->bad[0]; k++) {
     uint32_t slot = p->rx_next % g->rx_slots;
-    const fab_coll_chunk* c = (const fab_coll_chunk*)(g->rx_mem + ((size_t)p->rank * g->rx_slots + slot) * g->rx_slot_bytes);
-    uint64_t put = c->put; /* read before the slot is given back */
+    fab_coll_chunk c; /* read before the slot is given back */
+    memcpy(&c, g->rx_mem + ((size_t)p->rank * g->rx_slots + slot) * g->rx_slot_bytes, sizeof(c));
     p->rx_landed[slot] = 0;
     p->rx_next++;
-    if (!put_landed(p, (uint32_t)put)) bad_peer(p, "a staged chunk numbered beyond its window");
+    if (c.window == FAB_COLL_GET_REPLY) get_part_in(p, &c);
+    if (!put_landed(p, (uint32_t)c.put)) bad_peer(p, "a staged chunk numbered beyond its window");
   }
   atomic_store_explicit(&p->rx_done, p->rx_next, memory_order_release);
   apply_ready(p, 1);

@@ -261,3 +261,72 @@ Test(coll, nothing_after_failure) {
   cr_expect_eq(fx->words[0], 0, "a record applied after the group failed");
   cr_expect_eq(ut_warns(), 1);
 }
+
+/* --- gets and staged chunks (GPU windows staged through host memory) ------------------------ */
+
+Test(coll, get_is_queued_for_progress) {
+  place(0, 0, 8, 16, FAB_COLL_OP_GET);
+  fx->ring[0].get = 5;
+  fx->ring[0].check = fab_coll_sig_check(&fx->ring[0]);
+  landed(FAB_COLL_SIGNAL, 0);
+  fab_coll_peer* p = &fx->peers[1];
+  cr_assert_eq(atomic_load(&p->ask_head), 1, "the get was not queued");
+  cr_expect_eq(p->asks[0].offset, 8);
+  cr_expect_eq(p->asks[0].size, 16);
+  cr_expect_eq(p->asks[0].id, 5);
+  cr_expect_eq(atomic_load(&fx->g.failed), 0);
+  cr_expect_eq(ut_warns(), 0);
+  free(p->asks);
+}
+
+Test(coll, get_outside_the_window) {
+  place(0, 0, 8, sizeof fx->words, FAB_COLL_OP_GET);
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("a get running past its window");
+  cr_expect_eq(atomic_load(&fx->peers[1].ask_head), 0);
+  free(fx->peers[1].asks);
+}
+
+Test(coll, get_of_nothing) {
+  place(0, 0, 0, 0, FAB_COLL_OP_GET);
+  landed(FAB_COLL_SIGNAL, 0);
+  expect_refused("a get of 0 bytes");
+  free(fx->peers[1].asks);
+}
+
+Test(coll, chunk_without_a_staging_ring) {
+  landed(FAB_COLL_STAGED, 0); /* we made no ring: nothing may land in one */
+  expect_refused("a staged chunk where there is no ring");
+}
+
+Test(coll, chunk_slot_out_of_range_or_twice) {
+  uint8_t landed_slots[4] = {0};
+  fx->g.rx_slots = 4;
+  fx->peers[1].rx_landed = landed_slots;
+  landed(FAB_COLL_STAGED, 1);
+  cr_expect_eq(landed_slots[1], 1);
+  cr_expect_eq(ut_warns(), 0);
+  landed(FAB_COLL_STAGED, 1);
+  expect_refused("a staged chunk into a slot not yet copied out");
+  fx->peers[1].rx_landed = NULL;
+}
+
+Test(coll, chunk_slot_past_the_ring) {
+  uint8_t landed_slots[4] = {0};
+  fx->g.rx_slots = 4;
+  fx->peers[1].rx_landed = landed_slots;
+  landed(FAB_COLL_STAGED, 4);
+  expect_refused("a staged chunk past the ring");
+  fx->peers[1].rx_landed = NULL;
+}
+
+Test(coll, acknowledgement_of_chunks_never_sent) {
+  fab_coll_peer* p = &fx->peers[1];
+  p->stage_slots = 8;
+  atomic_store(&p->chunk_seq, 3);
+  landed(FAB_COLL_ACK_STAGED, 2);
+  cr_expect_eq(atomic_load(&p->chunk_acked), 2);
+  landed(FAB_COLL_ACK_STAGED, 4);
+  expect_refused("an acknowledgement of chunks past what was sent");
+  cr_expect_eq(atomic_load(&p->chunk_acked), 2);
+}
