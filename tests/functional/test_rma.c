@@ -453,6 +453,12 @@ static void errors(rr_ctx* c, grp* g) {
     EXPECT_ERR(c->api.iput(g->listen_gone, 0, 0, g->src_mh, 16, 0, g->data_mh, d, 0, &req),
                "a closed listen comm passed as a context");
     EXPECT_ERR(c->api.dereg_mr_sym(g->coll, tmp_mh), "deregistering twice");
+    if (mem_kind == MEM_HOST) { /* no driver here (or host memory): a CUDA window is refused, not taken */
+      void* bad_mh = (void*)1;
+      EXPECT_ERR(c->api.reg_mr_sym(g->coll, tmp, 4096, FAB_PTR_CUDA, 0, &bad_mh, NULL),
+                 "a CUDA window where the CUDA driver is unusable (or the memory is not GPU memory)");
+      RR_CHECK(bad_mh == NULL, "no handle for a refused registration");
+    }
   }
   free(tmp);
   rr_barrier(c, "errors");
