@@ -251,6 +251,7 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
     fab_list_init(&peers[r].staging);
     fab_op_init(&peers[r].ack_op, fab_coll_ack_done, &peers[r], 0);
   }
+  fab_coll_register(g);
   rc = coll_setup(g, l, handles, "connect");
   if (rc == FAB_OK) {
     g->handle = fab_obj_add(FAB_OBJ_COLL, g);
@@ -269,6 +270,7 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
 /* --- close ---------------------------------------------------------------------------- */
 
 static void coll_destroy(fab_coll* g) {
+  fab_coll_unregister(g); /* no other group's progress reaches it from here on */
   int64_t deadline = fab_now_ms() + FAB_CLOSE_DRAIN_MS;
   while (fab_coll_busy(g) && fab_now_ms() < deadline) {
     fab_coll_poll(g);

@@ -246,6 +246,8 @@ struct fab_coll {
   uint32_t rx_slots, rx_slot_bytes;
   int gpu_direct;        /* a window of ours is GPU memory the provider writes into (flush before signals) */
   fab_list serving;      /* our answers to peers' gets: requests of our own, freed once complete */
+  fab_list live;         /* in the process's list of groups (fab_coll_register) */
+  _Atomic int op_failed; /* an operation failed (queryLastError), whether or not the group did */
 };
 
 /* A context: an ordering domain to NCCL; here a validated name for a range of
@@ -352,6 +354,9 @@ void fab_coll_ctxs_drop(fab_coll* g);
 void fab_coll_win_free(fab_coll_win* w);
 
 /* fab_coll_ops.c: requests and one-sided operations. */
+/* The process's live groups: progress of any serves every group's due work. */
+void fab_coll_register(fab_coll* g);
+void fab_coll_unregister(fab_coll* g);
 /* Drives every endpoint of the group, then its waiting signals and acks. */
 fab_result fab_coll_poll(fab_coll* g);
 fab_result fab_coll_progress(fab_coll* g);

@@ -109,7 +109,8 @@ fab_result fab_rma_query_last_error(void* rma_ctx, bool* has_error) {
   if (!has_error) return fab_bad_argument("queryLastError", "hasError", 0, "a non-NULL pointer");
   fab_coll* g = ctx_coll(rma_ctx, "queryLastError");
   if (!g) return FAB_ERR_INTERNAL;
-  *has_error = atomic_load(&g->failed) != 0;
+  /* the group's failure, or any operation of it that test reported failed: sticky, as a failure is final */
+  *has_error = atomic_load(&g->failed) != 0 || atomic_load(&g->op_failed) != 0;
   return FAB_OK;
 }
 

@@ -35,11 +35,47 @@ static fab_result progress_locked(fab_coll* g) {
   return fab_coll_post_waiting(g);
 }
 
+/* Every live group of the process: progress of one serves the others' due
+ * acknowledgements and staged copies too. A runtime may wait on one group's
+ * request while the peer waits on another's: with each group progressed
+ * only through its own calls, the two processes waited on each other for
+ * ever (functional.rma.*.two_groups). */
+static pthread_mutex_t groups_lock = PTHREAD_MUTEX_INITIALIZER;
+static fab_list groups = {&groups, &groups};
+
+void fab_coll_register(fab_coll* g) {
+  pthread_mutex_lock(&groups_lock);
+  fab_list_push(&groups, &g->live);
+  pthread_mutex_unlock(&groups_lock);
+}
+
+void fab_coll_unregister(fab_coll* g) {
+  pthread_mutex_lock(&groups_lock);
+  fab_list_del(&g->live);
+  pthread_mutex_unlock(&groups_lock);
+}
+
+/* Posts the due work of the other groups whose lock is free (never waits
+ * for one: the caller may hold its own). */
+static void serve_others(fab_coll* self) {
+  if (pthread_mutex_trylock(&groups_lock) != 0) return;
+  FAB_LIST_FOREACH_SAFE(it, tmp, &groups) {
+    fab_coll* h = FAB_CONTAINER_OF(it, fab_coll, live);
+    if (h == self || !atomic_load_explicit(&h->due, memory_order_acquire)) continue;
+    if (pthread_mutex_trylock(&h->lock) != 0) continue;
+    fab_coll_poll(h);
+    fab_coll_post_waiting(h);
+    pthread_mutex_unlock(&h->lock);
+  }
+  pthread_mutex_unlock(&groups_lock);
+}
+
 /* Polling needs no lock; posting waiting records and acknowledgements does,
  * and is only done when something flagged it due. */
 fab_result fab_coll_progress(fab_coll* g) {
   fab_result rc = fab_coll_poll(g);
   if (rc != FAB_OK) return fab_coll_fail(g, rc, "rmaProgress", "its endpoint's completion queue failed");
+  serve_others(g);
   if (!atomic_load_explicit(&g->due, memory_order_acquire)) return FAB_OK;
   pthread_mutex_lock(&g->lock);
   rc = fab_coll_post_waiting(g);
@@ -116,11 +152,16 @@ static fab_result not_posted(fab_coll_req* r, int i, ssize_t rc, const char* fn)
   return res;
 }
 
-/* -FI_EAGAIN: drive ep and retry, for at most FABRIC_PEER_TIMEOUT_MS. */
-static int again(fab_endpoint* ep, int64_t* deadline) {
+/* -FI_EAGAIN: drive ep, every endpoint of the group (the peer's writes land
+ * on its target endpoint, which may not be ep: shm gives a second send comm to
+ * a peer an endpoint of its own) and the other groups' due work, then retry,
+ * for at most FABRIC_PEER_TIMEOUT_MS. */
+static int again(fab_coll* g, fab_endpoint* ep, int64_t* deadline) {
   int64_t now = fab_now_ms();
   if (!*deadline) *deadline = now + (fab_g.params.peer_timeout_ms > 0 ? fab_g.params.peer_timeout_ms : 30000);
   fab_ep_poll(ep);
+  fab_coll_poll(g);
+  serve_others(g);
   return now < *deadline;
 }
 
@@ -138,7 +179,7 @@ static fab_result post_sig(fab_coll_req* r) {
   ssize_t rc;
   do rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &r->sig, sizeof(r->sig), &p->ring,
                                    (uint64_t)slot * sizeof(fab_coll_sig), data, &r->ops[1]);
-  while (rc == -FI_EAGAIN && again(p->sc->ep, &deadline));
+  while (rc == -FI_EAGAIN && again(p->coll, p->sc->ep, &deadline));
   return rc == 0 ? FAB_OK : not_posted(r, 1, rc, "iputSignal");
 }
 
@@ -387,7 +428,7 @@ static int put_window_room(op_target* t, uint64_t n) {
   fab_coll_peer* p = t->p;
   int64_t deadline = 0;
   while (p->puts_posted + n - atomic_load_explicit(&p->puts_acked, memory_order_acquire) > FAB_COLL_PUT_WINDOW)
-    if (progress_locked(t->g) != FAB_OK || !again(p->sc->ep, &deadline)) return -1;
+    if (progress_locked(t->g) != FAB_OK || !again(p->coll, p->sc->ep, &deadline)) return -1;
   return 0;
 }
 
@@ -430,7 +471,7 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
     ssize_t rc;
     do rc = fab_rma_write(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
                           &dst->remote[rank], dst_off, &r->ops[0]);
-    while (rc == -FI_EAGAIN && again(p->sc->ep, &deadline));
+    while (rc == -FI_EAGAIN && again(p->coll, p->sc->ep, &deadline));
     if (rc != 0) {
       if (sw) op_done(&r->ops[1], NULL, NULL);
       return not_posted(r, 0, rc, sw ? "iputSignal" : "iput");
@@ -447,7 +488,7 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
     ssize_t rc;
     do rc = fab_rma_writedata(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
                               &dst->remote[rank], dst_off, data, &r->ops[0]);
-    while (rc == -FI_EAGAIN && again(p->sc->ep, &deadline));
+    while (rc == -FI_EAGAIN && again(p->coll, p->sc->ep, &deadline));
     if (rc != 0) {
       if (sw) op_done(&r->ops[1], NULL, NULL); /* its signal will not follow */
       return not_posted(r, 0, rc, sw ? "iputSignal" : "iput");
@@ -537,7 +578,7 @@ static fab_result get_by_request(op_target* t, fab_coll_win* local, uint64_t loc
   int64_t deadline = 0;
   int room = fab_coll_gets_make(p) == 0;
   while (room && p->gets[p->get_seq % FAB_COLL_GETS].req) /* FAB_COLL_GETS gets to p still in flight */
-    if (progress_locked(g) != FAB_OK || !again(p->sc->ep, &deadline)) room = 0;
+    if (progress_locked(g) != FAB_OK || !again(p->coll, p->sc->ep, &deadline)) room = 0;
   if (room) r = req_get(g, p, 2); /* the record, and the data */
   if (r) {
     uint32_t id = p->get_seq++;
@@ -588,7 +629,7 @@ fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* r
     ssize_t prc;
     do prc = fab_rma_read(t.p->sc->ep, t.p->sc->peer, (char*)local->base + local_off, size, local->mr->desc,
                           &remote->remote[rank], remote_off, &r->ops[0]);
-    while (prc == -FI_EAGAIN && again(t.p->sc->ep, &deadline));
+    while (prc == -FI_EAGAIN && again(t.g, t.p->sc->ep, &deadline));
     if (prc != 0) not_posted(r, 0, prc, "iget");
   }
   pthread_mutex_unlock(&t.g->lock);
@@ -636,6 +677,7 @@ static int complete(fab_coll_req* r) {
  * provider may still complete its operations) until the group closes. */
 static fab_result abandon(fab_coll_req* r, fab_result rc, const char* why) {
   FAB_WARN("test: an RMA request to rank %d failed: %s", r->peer ? r->peer->rank : -1, why);
+  atomic_store(&r->coll->op_failed, 1);
   r->state = FAB_COLL_REQ_ABANDONED;
   return rc;
 }
@@ -665,6 +707,7 @@ fab_result fab_rma_test(void* coll, void* request, int* done) {
   fab_result rc = FAB_OK;
   if (atomic_load(&r->failed)) {
     FAB_WARN("test: %s", r->why);
+    atomic_store(&g->op_failed, 1); /* queryLastError says so from now on */
     rc = r->result;
   }
   pthread_mutex_lock(&g->lock);

@@ -503,6 +503,11 @@ static void peer_killed(rr_ctx* c) {
   RR_CHECK(rr_warns() - warns0 >= 1, "the failure came without a WARN");
   printf("rank 0: an operation failed after the peer was killed (result %d, %d failed tests, %d WARN lines)\n",
          (int)rc, failed_tests, rr_warns() - warns0);
+  if (c->api.query_last_error) { /* a failed operation is an error to report, whether or not the group failed */
+    bool has_error = false;
+    RR_OK(c->api.query_last_error(g.rctx, &has_error));
+    RR_CHECK(has_error, "queryLastError says no error after an operation failed");
+  }
   RR_OK(c->api.close_coll(g.coll)); /* close after a failure: no hang, no crash */
   RR_OK(c->api.finalize(g.ctx));
 }
@@ -569,6 +574,45 @@ static void threads(rr_ctx* c) {
   teardown(c, &g);
 }
 
+/* Two groups in each process, driven by one thread with many signalled puts
+ * outstanding on each (a conformance client's shape: 2 lanes x 256
+ * requests). On shm the second group's send comm has an endpoint of its own:
+ * a retry of a post the provider refused for now must also drive the
+ * endpoint the peer's writes land on, or both processes retry for ever. */
+enum { LANE_REQS = 256, LANE_ROUNDS = 8 };
+
+static void two_groups(rr_ctx* c) {
+  grp g[2];
+  setup(c, &g[0], 1u << 20);
+  setup(c, &g[1], 1u << 20);
+  fill(g[0].src, 64 * 4096, 11u);
+  fill(g[1].src, 64 * 4096, 12u);
+  rr_set_idle(NULL, NULL);
+  rr_barrier(c, "two groups start");
+  int d = (c->rank + 1) % c->nranks, s = (c->rank + c->nranks - 1) % c->nranks;
+  static void* reqs[2][LANE_REQS];
+  for (int round = 0; round < LANE_ROUNDS; round++) {
+    rr_phase(c, "two groups: round %d, %d puts with signals on each", round, LANE_REQS);
+    for (int j = 0; j < LANE_REQS; j++)
+      for (int k = 0; k < 2; k++) {
+        uint64_t off = (uint64_t)(j % 64) * 4096;
+        RR_OK(c->api.iput_signal(g[k].rctx, 0, off, g[k].src_mh, 4096, (uint64_t)c->rank * g[k].region + off,
+                                 g[k].data_mh, (uint32_t)d, sig_off(c, c->rank, 0), g[k].sig_mh, 1, FAB_SIGNAL_ADD,
+                                 true, 0, &reqs[k][j]));
+      }
+    for (int j = 0; j < LANE_REQS; j++)
+      for (int k = 0; k < 2; k++) wait_req(c, &g[k], reqs[k][j], "two groups: put");
+  }
+  for (int k = 0; k < 2; k++) {
+    rr_phase(c, "two groups: signals of group %d", k);
+    wait_sig(c, &g[k], sig_word(c, &g[k], s, 0), (uint64_t)LANE_REQS * LANE_ROUNDS, "two groups: signals");
+    check_bytes(c, g[k].data + (size_t)s * g[k].region, 64 * 4096, 11u + (unsigned)k, "two groups: data");
+  }
+  rr_barrier(c, "two groups done");
+  teardown(c, &g[1]);
+  teardown(c, &g[0]);
+}
+
 static void body(rr_ctx* c) {
   size_t region = max_size + 4096;
   grp g;
@@ -609,11 +653,12 @@ int main(int argc, char** argv) {
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "peer_killed") == 0) run = peer_killed;
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "threads") == 0) run = threads;
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "init_refused") == 0) run = init_refused;
+    else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "two_groups") == 0) run = two_groups;
     else if (strcmp(argv[i], "--mem") == 0 && strcmp(argv[i + 1], "host") == 0) mem_kind = MEM_HOST;
     else if (strcmp(argv[i], "--mem") == 0 && strcmp(argv[i + 1], "gpu") == 0) mem_kind = MEM_GPU;
     else if (strcmp(argv[i], "--mem") == 0 && strcmp(argv[i + 1], "mixed") == 0) mem_kind = MEM_MIXED;
     else {
-      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed|threads|init_refused] "
+      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed|threads|init_refused|two_groups] "
               "[--mem host|gpu|mixed]\n", argv[0]);
       return 2;
     }
