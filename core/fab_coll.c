@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fab_conn.h"
+#include "fab_devcopy.h"
 #include "fab_transport.h"
 
 enum { COLL_MAGIC = 0x434f4c4c, HELLO_MAGIC = 0x48454c4f, HELLO_TAG = 0x7ffe0000 };
@@ -336,6 +337,7 @@ fab_result fab_coll_rma_properties(void* coll, fab_rma_properties* props) {
 
 void fab_coll_win_free(fab_coll_win* w) {
   if (w->mr_handle) fab_mr_deregister(w->mr_handle); /* a staged window has none */
+  if (w->gpu) fab_devcopy_forget((void*)w->base, w->len);
   free(w->remote);
   free(w->remote_staged);
   free(w->shadow);

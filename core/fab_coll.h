@@ -44,6 +44,7 @@ enum {
   FAB_COLL_REQ_CHUNK = 256,    /* requests are allocated this many at a time */
   FAB_COLL_XCHG_BYTES = 64,    /* one rank's part of a collective exchange */
   FAB_COLL_SHADOW_MAX = 65536, /* largest GPU window whose signal words are shadowed */
+  FAB_COLL_SERVE_OTHERS_EVERY = 16, /* progress calls between services of the other groups' due work */
 };
 
 /* What the low 32 bits of a one-sided write's remote CQ data say. */
@@ -248,6 +249,7 @@ struct fab_coll {
   fab_list serving;      /* our answers to peers' gets: requests of our own, freed once complete */
   fab_list live;         /* in the process's list of groups (fab_coll_register) */
   _Atomic int op_failed; /* an operation failed (queryLastError), whether or not the group did */
+  _Atomic uint32_t progress_calls; /* every FAB_COLL_SERVE_OTHERS_EVERY-th serves the other groups */
 };
 
 /* A context: an ordering domain to NCCL; here a validated name for a range of

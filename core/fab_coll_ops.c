@@ -35,11 +35,13 @@ static fab_result progress_locked(fab_coll* g) {
   return fab_coll_post_waiting(g);
 }
 
-/* Every live group of the process: progress of one serves the others' due
- * acknowledgements and staged copies too. A runtime may wait on one group's
- * request while the peer waits on another's: with each group progressed
- * only through its own calls, the two processes waited on each other for
- * ever (functional.rma.*.two_groups). */
+/* Every live group of the process: every 16th progress of a group, and
+ * every retry, serve the others' due acknowledgements and staged copies too.
+ * A runtime may drive one group only while the peer waits on another's: with
+ * each group progressed only through its own calls, the two processes waited
+ * on each other for ever (functional.rma.*.two_groups). Not on every progress,
+ * and without polling again: with NCCL's two groups that cost shm a third of
+ * its bandwidth (NCCL progresses every group itself). */
 static pthread_mutex_t groups_lock = PTHREAD_MUTEX_INITIALIZER;
 static fab_list groups = {&groups, &groups};
 
@@ -63,8 +65,8 @@ static void serve_others(fab_coll* self) {
     fab_coll* h = FAB_CONTAINER_OF(it, fab_coll, live);
     if (h == self || !atomic_load_explicit(&h->due, memory_order_acquire)) continue;
     if (pthread_mutex_trylock(&h->lock) != 0) continue;
-    fab_coll_poll(h);
-    fab_coll_post_waiting(h);
+    fab_coll_post_waiting(h); /* no polling: whoever polls dispatches, and a second poll of shared endpoints
+                               * cost shm a third of its bandwidth */
     pthread_mutex_unlock(&h->lock);
   }
   pthread_mutex_unlock(&groups_lock);
@@ -75,7 +77,9 @@ static void serve_others(fab_coll* self) {
 fab_result fab_coll_progress(fab_coll* g) {
   fab_result rc = fab_coll_poll(g);
   if (rc != FAB_OK) return fab_coll_fail(g, rc, "rmaProgress", "its endpoint's completion queue failed");
-  serve_others(g);
+  uint32_t n = atomic_load_explicit(&g->progress_calls, memory_order_relaxed) + 1;
+  atomic_store_explicit(&g->progress_calls, n, memory_order_relaxed);
+  if (n % FAB_COLL_SERVE_OTHERS_EVERY == 0) serve_others(g);
   if (!atomic_load_explicit(&g->due, memory_order_acquire)) return FAB_OK;
   pthread_mutex_lock(&g->lock);
   rc = fab_coll_post_waiting(g);

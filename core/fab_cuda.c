@@ -21,6 +21,7 @@ enum {
   FAB_CU_STREAM_NON_BLOCKING = 1,
   FAB_CU_MEMHOSTREGISTER_PORTABLE = 1,
   FAB_CUDA_MAX_CONTEXTS = 16,
+  FAB_CUDA_KNOWN = 32, /* allocations whose context is remembered (a copy then asks the driver nothing) */
 };
 
 #ifdef FAB_HAVE_CUDA_H
@@ -53,9 +54,15 @@ static struct {
   fab_CUresult (*host_register)(void*, size_t, unsigned int);
   fab_CUresult (*host_unregister)(void*);
   fab_CUresult (*write_value64)(void*, fab_CUdeviceptr, uint64_t, unsigned int);
+  fab_CUresult (*address_range)(fab_CUdeviceptr*, size_t*, fab_CUdeviceptr);
   fab_CUresult (*device_get)(int*, int);
   fab_CUresult (*primary_retain)(void**, int);
   void* primary[FAB_CUDA_MAX_CONTEXTS]; /* retained primary contexts, by ordinal */
+  struct {
+    uintptr_t base, end; /* an allocation whose context was resolved */
+    void* ctx;
+  } known[FAB_CUDA_KNOWN];
+  int known_next;
   pthread_mutex_t streams_lock;
   struct {
     void* ctx;
@@ -86,6 +93,7 @@ int fab_cuda_init(void) {
   g_cu.host_register = (fab_CUresult(*)(void*, size_t, unsigned int))sym("cuMemHostRegister_v2");
   g_cu.host_unregister = (fab_CUresult(*)(void*))sym("cuMemHostUnregister");
   g_cu.write_value64 = (fab_CUresult(*)(void*, fab_CUdeviceptr, uint64_t, unsigned int))sym("cuStreamWriteValue64_v2");
+  g_cu.address_range = (fab_CUresult(*)(fab_CUdeviceptr*, size_t*, fab_CUdeviceptr))sym("cuMemGetAddressRange_v2");
   g_cu.device_get = (fab_CUresult(*)(int*, int))sym("cuDeviceGet");
   g_cu.primary_retain = (fab_CUresult(*)(void**, int))sym("cuDevicePrimaryCtxRetain");
   if (!g_cu.init || !g_cu.device_count || !g_cu.pointer_attr || !g_cu.flush) {
@@ -120,6 +128,8 @@ void fab_cuda_fini(void) {
   g_cu.stream_create = NULL;
   g_cu.stream_sync = NULL;
   g_cu.device_get = NULL;
+  g_cu.address_range = NULL;
+  memset(g_cu.known, 0, sizeof(g_cu.known));
   g_cu.primary_retain = NULL;
   g_cu.host_register = NULL;
   g_cu.host_unregister = NULL;
@@ -187,7 +197,7 @@ static void* stream_of(void* ctx, fab_CUresult* rc) {
 /* The context to copy in for GPU memory at p: the one it was allocated in,
  * or, for memory mapped with cuMemMap (ncclMemAlloc), which belongs to no
  * context, its device's primary context. */
-static fab_CUresult context_of(const void* p, void** ctx) {
+static fab_CUresult resolve_context(const void* p, void** ctx) {
   *ctx = NULL;
   fab_CUresult rc = g_cu.pointer_attr(ctx, FAB_CU_POINTER_ATTRIBUTE_CONTEXT, (fab_CUdeviceptr)(uintptr_t)p);
   if (rc == 0 && *ctx) return 0;
@@ -201,6 +211,39 @@ static fab_CUresult context_of(const void* p, void** ctx) {
   *ctx = g_cu.primary[ordinal];
   pthread_mutex_unlock(&g_cu.streams_lock);
   return rc ? rc : *ctx ? 0 : -1;
+}
+
+/* The same, remembered by allocation: the windows' copies ask the driver
+ * nothing after the first (fab_cuda_forget drops an allocation going away). */
+static fab_CUresult context_of(const void* p, void** ctx) {
+  uintptr_t a = (uintptr_t)p;
+  pthread_mutex_lock(&g_cu.streams_lock);
+  for (int i = 0; i < FAB_CUDA_KNOWN; i++)
+    if (g_cu.known[i].ctx && a >= g_cu.known[i].base && a < g_cu.known[i].end) {
+      *ctx = g_cu.known[i].ctx;
+      pthread_mutex_unlock(&g_cu.streams_lock);
+      return 0;
+    }
+  pthread_mutex_unlock(&g_cu.streams_lock);
+  fab_CUresult rc = resolve_context(p, ctx);
+  fab_CUdeviceptr base = 0;
+  size_t size = 0;
+  if (rc != 0 || !g_cu.address_range || g_cu.address_range(&base, &size, (fab_CUdeviceptr)a) != 0) return rc;
+  pthread_mutex_lock(&g_cu.streams_lock);
+  int i = g_cu.known_next++ % FAB_CUDA_KNOWN;
+  g_cu.known[i].base = (uintptr_t)base;
+  g_cu.known[i].end = (uintptr_t)base + size;
+  g_cu.known[i].ctx = *ctx;
+  pthread_mutex_unlock(&g_cu.streams_lock);
+  return 0;
+}
+
+void fab_cuda_forget(const void* p, size_t len) {
+  uintptr_t a = (uintptr_t)p;
+  pthread_mutex_lock(&g_cu.streams_lock);
+  for (int i = 0; i < FAB_CUDA_KNOWN; i++)
+    if (g_cu.known[i].ctx && g_cu.known[i].base < a + len && a < g_cu.known[i].end) g_cu.known[i].ctx = NULL;
+  pthread_mutex_unlock(&g_cu.streams_lock);
 }
 
 /* Pushes dev_ptr's context and finds our stream in it; 0 or the CUresult. */
@@ -249,8 +292,18 @@ int fab_cuda_wait(const void* dev_ptr, const char** what) {
 }
 
 int fab_cuda_copy(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what) {
-  int rc = fab_cuda_copy_async(dst, src, n, dev_ptr, what);
-  return rc == 0 && n ? fab_cuda_wait(dev_ptr, what) : rc;
+  if (!n) return 0;
+  void* st = NULL;
+  fab_CUresult rc = enter(dev_ptr, &st, what);
+  if (rc != 0) return rc;
+  *what = "cuMemcpyAsync";
+  rc = g_cu.copy_async((fab_CUdeviceptr)(uintptr_t)dst, (fab_CUdeviceptr)(uintptr_t)src, n, st);
+  if (rc == 0) {
+    *what = "cuStreamSynchronize";
+    rc = g_cu.stream_sync(st);
+  }
+  leave();
+  return rc;
 }
 
 int fab_cuda_write64(void* word, uint64_t v, const char** what) {

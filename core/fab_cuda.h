@@ -42,6 +42,9 @@ int fab_cuda_write64(void* word, uint64_t v, const char** what);
 /* Page-locks host memory for fast copies (cuMemHostRegister, portable), in
  * dev_ptr's context; 0 when it did. fab_cuda_unpin undoes it. */
 int fab_cuda_pin(void* host, size_t n, const void* dev_ptr);
+/* Forgets the context remembered for GPU memory in [p, p + len) (its
+ * allocation goes away; the address may come back in another). */
+void fab_cuda_forget(const void* p, size_t len);
 void fab_cuda_unpin(void* host);
 
 #endif /* FAB_CUDA_H */

@@ -117,6 +117,10 @@ int fab_devcopy_pin(void* host, size_t n, const void* dev_hint) {
   return g_dc.backend == BACKEND_CUDA ? fab_cuda_pin(host, n, dev_hint) : -1;
 }
 
+void fab_devcopy_forget(const void* dev, size_t len) {
+  if (g_dc.backend == BACKEND_CUDA) fab_cuda_forget(dev, len);
+}
+
 void fab_devcopy_unpin(void* host) {
   if (g_dc.backend == BACKEND_CUDA) fab_cuda_unpin(host);
 }

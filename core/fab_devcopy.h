@@ -50,5 +50,8 @@ int fab_devcopy_store64(void* word, uint64_t v, const char** what);
  * context to do it in); 0 when it did. Unpin before freeing. */
 int fab_devcopy_pin(void* host, size_t n, const void* dev_hint);
 void fab_devcopy_unpin(void* host);
+/* GPU memory in [dev, dev + len) goes away (a window deregistered): what
+ * the copy layer remembers of it is dropped. */
+void fab_devcopy_forget(const void* dev, size_t len);
 
 #endif /* FAB_DEVCOPY_H */

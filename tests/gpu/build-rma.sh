@@ -2,7 +2,7 @@
 # Builds what tests/gpu/run-rma.sh needs into <dir> (CPU machine): the plugin,
 # nccl_rma_check against NCCL 2.30.7's headers, and NCCL 2.30.7 itself (the
 # tarball from ../shared/gpu, unpacked on the GPU machine).
-#   bash tests/gpu/build-rma.sh build-gpu-rma
+#   bash tests/gpu/build-rma.sh build-gpu-rma      (BUILD_DIR: the plugin's build directory, default build/)
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 dir=${1:?usage: build-rma.sh <dir>}
@@ -10,8 +10,9 @@ tarball=${NCCL_TARBALL:-$top/../shared/gpu/nccl-2.30.7-sm90.tar.xz}
 cuda=${CUDA_HOME:-/usr/local/cuda}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-bash "$top/tests/build.sh" "$top/build" >/dev/null
-cp "$top/build/libnccl-net-fabric.so" "$dir/"
+build=${BUILD_DIR:-$top/build}
+bash "$top/tests/build.sh" "$build" >/dev/null
+cp "$build/libnccl-net-fabric.so" "$dir/"
 nccl=$(mktemp -d)
 tar xJf "$tarball" -C "$nccl" nccl/build/include nccl/build/lib
 # libnccl was built against a newer glibc (the GPU machine's): its own

@@ -7,7 +7,8 @@
 # with the network path forced, once per provider. A plugin run passes when
 # the program passes, NCCL's log shows Fabric as its RMA plugin and holds no
 # WARN. Knobs: PROVIDERS ["tcp shm"], ARGS (for nccl_rma_check), T [240] s per run,
-# EXTRA_ENV ("A=1 B=2", added to the plugin runs), BASELINE [1] (0: skip the run without plugin).
+# EXTRA_ENV ("A=1 B=2", added to the plugin runs), BASELINE [1] (0: skip the run without plugin),
+# PLUGIN [<dir>/libnccl-net-fabric.so] (another build, for an A/B in one machine).
 set -u -o pipefail
 dir=$(cd "${1:?usage: run-rma.sh <dir> <out>}" && pwd)
 out=${2:?usage: run-rma.sh <dir> <out>}
@@ -35,7 +36,7 @@ run() { # name, program arguments (one word), then env assignments
 
 [ "${BASELINE:-1}" = 0 ] || run baseline "--no-timing ${ARGS:-}" NCCL_DEBUG=WARN
 for prov in ${PROVIDERS:-tcp shm}; do
-  run "$prov" "${ARGS:-}" NCCL_NET_PLUGIN="$dir/libnccl-net-fabric.so" NCCL_NET=Fabric NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+  run "$prov" "${ARGS:-}" NCCL_NET_PLUGIN="${PLUGIN:-$dir/libnccl-net-fabric.so}" NCCL_NET=Fabric NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
       NCCL_LSA_TEAM_SIZE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET FI_PROVIDER="$prov" FI_TCP_IFACE=lo \
       FABRIC_TRANSPORT=rdma ${EXTRA_ENV:-}
   log=$out/$prov.log
