@@ -43,10 +43,9 @@ static struct {
   fab_CUresult (*device_count)(int*);
   fab_CUresult (*pointer_attr)(void*, int, fab_CUdeviceptr);
   fab_CUresult (*flush)(int, int);
-  /* for copies into GPU memory (optional: without them such a copy fails) */
+  /* for copies to and from GPU memory (optional: without them such a copy fails) */
   fab_CUresult (*ctx_push)(void*);
   fab_CUresult (*ctx_pop)(void**);
-  fab_CUresult (*copy_htod)(fab_CUdeviceptr, const void*, size_t);
   /* for the one-sided engine's copies (fab_cuda_copy; optional as well) */
   fab_CUresult (*copy_async)(fab_CUdeviceptr, fab_CUdeviceptr, size_t, void*);
   fab_CUresult (*stream_create)(void**, unsigned int);
@@ -86,7 +85,6 @@ int fab_cuda_init(void) {
   g_cu.flush = (fab_CUresult(*)(int, int))sym("cuFlushGPUDirectRDMAWrites");
   g_cu.ctx_push = (fab_CUresult(*)(void*))sym("cuCtxPushCurrent_v2");
   g_cu.ctx_pop = (fab_CUresult(*)(void**))sym("cuCtxPopCurrent_v2");
-  g_cu.copy_htod = (fab_CUresult(*)(fab_CUdeviceptr, const void*, size_t))sym("cuMemcpyHtoD_v2");
   g_cu.copy_async = (fab_CUresult(*)(fab_CUdeviceptr, fab_CUdeviceptr, size_t, void*))sym("cuMemcpyAsync");
   g_cu.stream_create = (fab_CUresult(*)(void**, unsigned int))sym("cuStreamCreate");
   g_cu.stream_sync = (fab_CUresult(*)(void*))sym("cuStreamSynchronize");
@@ -123,7 +121,6 @@ void fab_cuda_fini(void) {
   g_cu.flush = NULL;
   g_cu.ctx_push = NULL;
   g_cu.ctx_pop = NULL;
-  g_cu.copy_htod = NULL;
   g_cu.copy_async = NULL;
   g_cu.stream_create = NULL;
   g_cu.stream_sync = NULL;
@@ -157,18 +154,7 @@ int fab_cuda_flush(const char** what) {
 }
 
 int fab_cuda_copy_to_device(void* dst, const void* src, size_t n, const char** what) {
-  *what = "cuPointerGetAttribute(CONTEXT)";
-  if (!g_cu.usable || !g_cu.ctx_push || !g_cu.ctx_pop || !g_cu.copy_htod) return -1;
-  void* ctx = NULL;
-  fab_CUresult rc = g_cu.pointer_attr(&ctx, FAB_CU_POINTER_ATTRIBUTE_CONTEXT, (fab_CUdeviceptr)(uintptr_t)dst);
-  if (rc != 0 || !ctx) return rc ? rc : -1;
-  *what = "cuCtxPushCurrent";
-  if ((rc = g_cu.ctx_push(ctx)) != 0) return rc;
-  *what = "cuMemcpyHtoD";
-  rc = g_cu.copy_htod((fab_CUdeviceptr)(uintptr_t)dst, src, n);
-  void* popped;
-  g_cu.ctx_pop(&popped);
-  return rc;
+  return fab_cuda_copy(dst, src, n, dst, what);
 }
 
 /* Our stream in ctx (created on first use, non-blocking: a copy on the
@@ -270,15 +256,24 @@ static void leave(void) {
   g_cu.ctx_pop(&popped);
 }
 
-int fab_cuda_copy_async(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what) {
+/* One copy on our stream in dev_ptr's context; wait: and waited for. */
+static int copy_on_stream(void* dst, const void* src, size_t n, const void* dev_ptr, int wait, const char** what) {
   if (!n) return 0;
   void* st = NULL;
   fab_CUresult rc = enter(dev_ptr, &st, what);
   if (rc != 0) return rc;
   *what = "cuMemcpyAsync";
   rc = g_cu.copy_async((fab_CUdeviceptr)(uintptr_t)dst, (fab_CUdeviceptr)(uintptr_t)src, n, st);
+  if (rc == 0 && wait) {
+    *what = "cuStreamSynchronize";
+    rc = g_cu.stream_sync(st);
+  }
   leave();
   return rc;
+}
+
+int fab_cuda_copy_async(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what) {
+  return copy_on_stream(dst, src, n, dev_ptr, 0, what);
 }
 
 int fab_cuda_wait(const void* dev_ptr, const char** what) {
@@ -292,18 +287,7 @@ int fab_cuda_wait(const void* dev_ptr, const char** what) {
 }
 
 int fab_cuda_copy(void* dst, const void* src, size_t n, const void* dev_ptr, const char** what) {
-  if (!n) return 0;
-  void* st = NULL;
-  fab_CUresult rc = enter(dev_ptr, &st, what);
-  if (rc != 0) return rc;
-  *what = "cuMemcpyAsync";
-  rc = g_cu.copy_async((fab_CUdeviceptr)(uintptr_t)dst, (fab_CUdeviceptr)(uintptr_t)src, n, st);
-  if (rc == 0) {
-    *what = "cuStreamSynchronize";
-    rc = g_cu.stream_sync(st);
-  }
-  leave();
-  return rc;
+  return copy_on_stream(dst, src, n, dev_ptr, 1, what);
 }
 
 int fab_cuda_write64(void* word, uint64_t v, const char** what) {

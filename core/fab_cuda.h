@@ -19,9 +19,10 @@ int fab_cuda_ptr_device(const void* ptr);
  * 0 or the CUresult; *what names the failing call. */
 int fab_cuda_flush(const char** what);
 
-/* Copies n host bytes into GPU memory at dst, in dst's own context (any
- * thread may call it). Returns 0, or the CUresult (-1: the driver lacks the
- * calls); *what names the failing call. */
+/* Copies n host bytes into GPU memory at dst (fab_cuda_copy: dst's context,
+ * or its device's primary one for cuMemMap memory; our own non-blocking
+ * stream; any thread may call it). Returns 0, or the CUresult (-1: the driver
+ * lacks the calls); *what names the failing call. */
 int fab_cuda_copy_to_device(void* dst, const void* src, size_t n, const char** what);
 
 /* Copies n bytes between any two of host and GPU memory (unified
