@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "fab_coll.h"
-#include "fab_cuda.h"
 #include "fab_devcopy.h"
 
 /* --- the group ------------------------------------------------------------------ */
@@ -209,7 +208,7 @@ fab_result fab_coll_gpu_signal(fab_coll* g, fab_coll_win* w, uint64_t off, uint6
   size_t i = off / 8;
   uint64_t v = 0;
   int rc = 0;
-  if (g->gpu_direct && fab_devcopy_needs_flush()) rc = fab_cuda_flush(&what); /* the NIC's writes first */
+  if (g->gpu_direct) rc = fab_devcopy_flush(&what); /* the NIC's writes first */
   if (rc == 0 && w->shadow && w->shadow_known[i]) v = w->shadow[i];
   else if (rc == 0) rc = fab_devcopy_load64(word, &v, &what);
   if (rc == 0) rc = fab_devcopy_store64(word, v + add, &what);

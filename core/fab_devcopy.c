@@ -42,7 +42,7 @@ int fab_devcopy_is_device(const void* p) {
   return g_dc.backend == BACKEND_CUDA && fab_cuda_ptr_device(p) >= 0;
 }
 
-int fab_devcopy_needs_flush(void) { return g_dc.backend == BACKEND_CUDA; }
+int fab_devcopy_flush(const char** what) { return g_dc.backend == BACKEND_CUDA ? fab_cuda_flush(what) : 0; }
 
 /* Emulation: "device" addresses are reached only through /proc/self/mem. */
 static int mem_io(int write, void* host, const void* dev, size_t n) {

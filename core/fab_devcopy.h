@@ -27,9 +27,10 @@ int fab_devcopy_ready(void);
 const char* fab_devcopy_backend(void);
 /* 1 when p is GPU memory (under emulation: any pointer). */
 int fab_devcopy_is_device(const void* p);
-/* 1 when GPU memory written by a provider needs a GPUDirect flush before the
- * GPU may read it (the real driver). */
-int fab_devcopy_needs_flush(void);
+/* Makes GPU memory a provider wrote by DMA visible to the GPU
+ * (cuFlushGPUDirectRDMAWrites; nothing to do when emulated). 0 or non-zero
+ * with *what. */
+int fab_devcopy_flush(const char** what);
 
 /* Copies n bytes from src to dst; *_dev says which side is GPU memory
  * (either, both or neither). Returns 0, or non-zero with *what naming the
