@@ -60,16 +60,24 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, f
   return c;
 }
 
-/* 1 when a request of c still waits for a completion. */
-static int requests_pending(fab_comm* c) {
-  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
-  for (uint32_t i = 0; i < used; i++) {
+/* How many requests of c still wait for a completion (at most `enough`). */
+static uint32_t requests_pending_n(fab_comm* c, uint32_t enough) {
+  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire), n = 0;
+  for (uint32_t i = 0; i < used && n < enough; i++) {
     fab_req* r = fab_pool_at(&c->reqs, i);
     if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
     /* acquire: a completion's last write to r is its pending count */
-    if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) return 1;
+    if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) n++;
   }
-  return 0;
+  return n;
+}
+
+static int requests_pending(fab_comm* c) { return requests_pending_n(c, 1) > 0; }
+
+/* 1 while an operation of c is in the provider's hands. ep lock held. */
+static int requests_posted(fab_comm* c) {
+  uint32_t unposted = c->ops->unposted ? c->ops->unposted(c) : 0;
+  return requests_pending_n(c, unposted + 1) > unposted;
 }
 
 int fab_comm_busy(fab_comm* c) { return atomic_load(&c->inflight) > 0 || requests_pending(c); }
@@ -201,9 +209,16 @@ uint32_t fab_conn_id_next(fab_endpoint* ep) {
 /* A send comm with its own endpoint: the endpoint goes with it, at once when
  * no send is in flight, else once the home endpoint's progress finds them
  * complete (progress_retiring). */
-static fab_result close_own_endpoint_comm(fab_comm* c) {
+static void wait_pending_requests(fab_endpoint* ep, fab_comm* c, const char* fn);
+
+static fab_result close_own_endpoint_comm(fab_comm* c, const char* fn) {
   fab_endpoint* own = c->ep;
   fab_endpoint* home = c->home;
+  pthread_mutex_lock(&own->lock); /* sends the provider took are waited for (see wait_pending_requests) */
+  c->closing = 1;
+  c->ops->cancel(c);
+  if (c->error == FAB_OK) wait_pending_requests(own, c, fn);
+  pthread_mutex_unlock(&own->lock);
   pthread_mutex_lock(&home->lock);
   pthread_mutex_lock(&own->lock);
   fab_list_del(&c->park.node);
@@ -227,10 +242,13 @@ static fab_result close_own_endpoint_comm(fab_comm* c) {
 }
 
 /* A receive the provider matched already cannot be cancelled: it writes into
- * the caller's buffer until its data is in. close waits for such receives,
- * for at most FAB_CLOSE_DRAIN_MS, so that the caller may free its buffers
- * once close returns. ep lock held (let go between polls). */
-static void wait_matched_receives(fab_endpoint* ep, fab_comm* c, const char* fn) {
+ * the caller's buffer until its data is in; a send handed to the provider
+ * reads the caller's buffer until it is delivered. close waits for such
+ * operations (what was not handed to the provider yet was dropped), for at most FAB_CLOSE_DRAIN_MS without one completing, so that the caller
+ * may free its buffers once close returns: freed under a tcp send, the
+ * socket's read faults and takes the connection, and with it every other
+ * comm between the two processes, down. ep lock held (let go between polls). */
+static void wait_pending_requests(fab_endpoint* ep, fab_comm* c, const char* fn) {
   /* pinned: a completion that ends the last operation of a closing comm
    * frees it (fab_comm_op_done) */
   atomic_fetch_add_explicit(&c->inflight, 1, memory_order_acq_rel);
@@ -240,7 +258,7 @@ static void wait_matched_receives(fab_endpoint* ep, fab_comm* c, const char* fn)
   int64_t now = fab_now_ms(), until = now + FAB_CLOSE_DRAIN_MS;
   int64_t cap = now + (fab_g.params.peer_timeout_ms > FAB_CLOSE_DRAIN_MS ? fab_g.params.peer_timeout_ms : FAB_CLOSE_DRAIN_MS);
   uint64_t seen = atomic_load_explicit(&c->ncompl, memory_order_relaxed);
-  while (requests_pending(c) && (now = fab_now_ms()) < until) {
+  while (requests_posted(c) && (now = fab_now_ms()) < until) {
     if (fab_ep_progress_locked(ep) != FAB_OK) break;
     uint64_t n = atomic_load_explicit(&c->ncompl, memory_order_relaxed);
     if (n != seen) { /* one landed: the rest are moving */
@@ -248,14 +266,23 @@ static void wait_matched_receives(fab_endpoint* ep, fab_comm* c, const char* fn)
       until = now + FAB_CLOSE_DRAIN_MS < cap ? now + FAB_CLOSE_DRAIN_MS : cap;
     }
     pthread_mutex_unlock(&ep->lock);
+    if (c->home) { /* an own endpoint's announcements and credits arrive on its home (lock order: home first) */
+      pthread_mutex_lock(&c->home->lock);
+      fab_ep_progress_locked(c->home);
+      pthread_mutex_unlock(&c->home->lock);
+    }
     sched_yield();
     pthread_mutex_lock(&ep->lock);
   }
   atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
-  if (requests_pending(c) && c->error == FAB_OK)
+  if (requests_posted(c) && c->error == FAB_OK && c->kind == FAB_OBJ_RECV)
     FAB_WARN("%s: receives from %s the provider had matched were still taking data after close, none of them "
              "completing for %d ms; it may still write into their buffers, so keep them until finalize", fn,
              c->peer_name, FAB_CLOSE_DRAIN_MS);
+  else if (requests_posted(c) && c->error == FAB_OK)
+    FAB_WARN("%s: sends to %s the provider had taken were still pending after close, none of them completing for "
+             "%d ms (their receives were not posted, or the peer stopped progressing); it may still read their "
+             "buffers, so keep them until finalize", fn, c->peer_name, FAB_CLOSE_DRAIN_MS);
 }
 
 static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
@@ -267,12 +294,12 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
     return FAB_ERR_INTERNAL;
   }
   fab_endpoint* ep = c->ep;
-  if (c->home) return close_own_endpoint_comm(c);
+  if (c->home) return close_own_endpoint_comm(c, fn);
   pthread_mutex_lock(&ep->lock);
   fab_list_del(&c->park.node);
   c->closing = 1;
-  c->ops->cancel(c); /* posted receives, and a grouped receive's unposted part */
-  if (c->kind == FAB_OBJ_RECV && c->error == FAB_OK) wait_matched_receives(ep, c, fn);
+  c->ops->cancel(c); /* posted receives, a grouped receive's unposted part, sends not handed over yet */
+  if (c->error == FAB_OK) wait_pending_requests(ep, c, fn);
   if (!fab_comm_busy(c)) {
     fab_comm_free(c);
   } else {

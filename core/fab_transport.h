@@ -85,6 +85,10 @@ struct fab_transport_ops {
   void (*give_up)(fab_req* r);
   /* Close: stop what can be stopped (cancel posted receives). ep lock held. */
   void (*cancel)(fab_comm* c);
+  /* Close: how many of c's pending requests were not handed to the provider
+   * yet (they read no caller buffer, and close does not wait for them).
+   * ep lock held. Optional: none. */
+  uint32_t (*unposted)(fab_comm* c);
   /* A completion with remote CQ data and no operation of ours (a peer's
    * fi_writedata landed). Data path: called without the lock. Optional. */
   void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);

@@ -554,8 +554,15 @@ FT_PAIR_TEST(close_inflight, 60) {
   ft_close_all(&s, c, 2);
   ft_sync(peer, "closed", T_MS);
   ft_side_close(&s); /* the provider may touch the buffers until the endpoint is gone */
-  FT_CHECK(ft_log_warns() == w0, "closing and finalizing with requests in flight logged %d WARN lines; last: %s",
-           ft_log_warns() - w0, ft_log_last_warn());
+  /* One exception: with sendrecv the provider took the 1 MiB sends (a
+   * rendezvous it cannot take back) and may still read their buffers after
+   * close: closeSend waits for them, then says so in one WARN. */
+  const char* tp = getenv("FABRIC_TRANSPORT");
+  int sendrecv = tp && strcmp(tp, "sendrecv") == 0;
+  int warns = ft_log_warns() - w0;
+  FT_CHECK(warns == 0 || (sendrecv && warns == 1 && strstr(ft_log_last_warn(), "closeSend: sends to")),
+           "closing and finalizing with requests in flight logged %d WARN lines; last: %s", warns,
+           ft_log_last_warn());
   ft_free(sm.buf, sm.len);
   ft_free(rm.buf, rm.len);
   ft_free(rm1.buf, rm1.len);

@@ -154,6 +154,9 @@ static void rd_cancel(fab_comm* c) {
   else rd_recv_cancel(c);
 }
 
+/* Sends waiting for their buffer's announcement have read nothing yet. */
+static uint32_t rd_unposted(fab_comm* c) { return c->kind == FAB_OBJ_SEND ? rd_s(c)->nwait : 0; }
+
 const fab_transport_ops fab_rdma_ops = {
     .name = "rdma",
     .id = FAB_TRANSPORT_RDMA,
@@ -189,5 +192,6 @@ const fab_transport_ops fab_rdma_ops = {
     .prof_path = rd_prof_path,
     .give_up = rd_give_up,
     .cancel = rd_cancel,
+    .unposted = rd_unposted,
     .remote_data = rd_remote_data,
 };

@@ -10,10 +10,18 @@
 
 #include "rd.h"
 
+/* A send no longer reads its buffer: its registration is let go (a
+ * deregistration waits for that). */
+static void let_go(rd_sreq* q) {
+  if (q->held) fab_mr_unhold(q->held);
+  q->held = NULL;
+}
+
 static void write_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_req* r = op->owner;
   rd_sreq* q = rd_sq(r);
   if (FAB_UNLIKELY(err != NULL)) fab_req_op_failed(r, r->size, r->tag, err);
+  let_go(q);
   if (q->eager_slot >= 0) /* its staging slot is free again; before the last write below */
     atomic_fetch_and_explicit(&rd_s(r->comm)->stage_busy, (uint16_t)~(1u << q->eager_slot), memory_order_acq_rel);
   fab_req_op_done(r, 0);
@@ -26,6 +34,7 @@ static void fail_send(fab_comm* c, fab_req* r, fab_result rc, const char* msg) {
     r->result = rc;
     r->errmsg = strdup(msg);
   }
+  let_go(rd_sq(r));
   fab_req_op_done(r, 0);
 }
 
@@ -56,12 +65,6 @@ static ssize_t refuse_deregistered(fab_comm* c, fab_req* r) {
            r->size, r->tag, c->peer_name);
   fail_send(c, r, FAB_ERR_INVALID_USAGE, msg);
   return 0;
-}
-
-/* A send leaves the waiting list: its registration is no longer held. */
-static void let_go(rd_sreq* q) {
-  if (q->held) fab_mr_unhold(q->held);
-  q->held = NULL;
 }
 
 /* Posts the write of a matched send: 0 (posted, done or failed) or
@@ -116,10 +119,7 @@ static void post_waiting(fab_comm* c) {
     fab_req* r = s->wait[i];
     rd_sreq* q = rd_sq(r);
     if (!q->matched) q->matched = take(s, r->tag, q->k, &q->target);
-    if (q->matched ? post(c, r) != -FI_EAGAIN : rd_eager_post(c, r) == 0) {
-      let_go(q);
-      continue;
-    }
+    if (q->matched ? post(c, r) != -FI_EAGAIN : rd_eager_post(c, r) == 0) continue;
     s->wait[kept++] = r;
   }
   s->nwait = kept;
@@ -198,7 +198,8 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   q->desc = mr ? mr->desc : NULL;
   q->matched = 0;
   q->eager_slot = -1;
-  q->held = NULL;
+  q->held = mr; /* until its write completes: deregMr waits for that */
+  if (mr) fab_mr_hold(mr);
   q->host = !mr || mr->type != FAB_PTR_CUDA;
   atomic_store_explicit(&q->eager, 0, memory_order_relaxed);
   fab_endpoint* ep = c->ep;
@@ -206,6 +207,7 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   int64_t k = c->error == FAB_OK ? fab_tagmap_take(&s->sent, tag) : -1;
   if (FAB_UNLIKELY(k < 0)) {
     pthread_mutex_unlock(&ep->lock);
+    let_go(q);
     fab_req_put(r);
     FAB_WARN("isend of %zu bytes (tag %d) to %s: %s", size, tag, c->peer_name,
              c->error != FAB_OK ? c->error_why : "out of memory counting the connection's tags");
@@ -222,8 +224,6 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
     went = rd_eager_post(c, r) == 0;
   }
   if (!went) {
-    if (mr) fab_mr_hold(mr);
-    q->held = mr;
     s->wait[s->nwait++] = r;
     atomic_store_explicit(&s->nwait_hint, s->nwait, memory_order_relaxed);
   }
@@ -254,7 +254,9 @@ static void drop_waiting(fab_comm* c, fab_req* only) {
 
 /* Close: like a send already handed to the provider, a waiting send is still
  * delivered once its buffer is announced (the closed comm stays parked until
- * then); only a failed connection drops them. */
+ * then), unless its buffer was deregistered meanwhile (it then fails, never
+ * read); only a failed connection drops them. close waits for the writes
+ * already posted (core/fab_comm.c). */
 void rd_send_cancel(fab_comm* c) {
   if (c->error != FAB_OK) drop_waiting(c, NULL);
 }
