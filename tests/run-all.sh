@@ -5,45 +5,74 @@
 #
 # Tests labelled engine-bug reproduce open engine bugs (docs/known-bugs.md).
 # When there are any, they run first, in a step that reports but does not
-# gate, until fixed.
-set -euo pipefail
+# gate, until fixed. Every stage runs even when an earlier one failed, and
+# the last line is the verdict: "stages: N passed, N failed (...)".
+set -uo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 jobs=$(nproc)
-bash "$top/tests/install-deps.sh"
+t0=$(date +%s)
 
-echo "== build (RelWithDebInfo) =="
-bash "$top/tests/build.sh" "$top/build"
+# Every stage runs, whatever an earlier one did (a stage that needs a build
+# that failed fails at once); the last line is the verdict.
+passed=0 failed=0 failed_names=()
+stage() { # name, then the command
+  local name=$1; shift
+  local s=$(date +%s)
+  echo "== $name =="
+  if "$@"; then passed=$((passed + 1)); r=passed; else failed=$((failed + 1)); failed_names+=("$name"); r=FAILED; fi
+  echo "== $name: $r ($(( $(date +%s) - s )) s) =="
+  [[ $r == passed ]]
+}
+declare -A build_ok=()
+built() { [[ -n ${build_ok[$1]:-} ]] || { echo "not run: the build in $1 failed"; return 1; }; }
 
-if ctest --test-dir "$top/build" -N -L engine-bug | grep -q "Test *#"; then
-  echo "== open engine bugs (reported, not gating; docs/known-bugs.md) =="
+stage "install dependencies" bash "$top/tests/install-deps.sh"
+stage "build (RelWithDebInfo)" bash "$top/tests/build.sh" "$top/build" && build_ok[$top/build]=1
+
+engine_bugs() {
+  built "$top/build" || return 1
+  ctest --test-dir "$top/build" -N -L engine-bug | grep -q "Test *#" || { echo "none"; return 0; }
   if ctest --test-dir "$top/build" -j "$jobs" --timeout 150 -L engine-bug; then
     echo "the open engine-bug tests now pass: remove their engine-bug label"
   else
     echo "the open engine-bug tests still fail, as documented"
   fi
-fi
+}
+stage "open engine bugs (reported, not gating; docs/known-bugs.md)" engine_bugs
 
-echo "== test (RelWithDebInfo) =="
-ctest --test-dir "$top/build" --output-on-failure -j "$jobs" --timeout 900 -LE engine-bug
+normal_tests() {
+  built "$top/build" && ctest --test-dir "$top/build" --output-on-failure -j "$jobs" --timeout 900 -LE engine-bug
+}
+stage "test (RelWithDebInfo)" normal_tests
 
-echo "== Debian package: build, install, load by bare name, self-test, remove =="
-if [ "$(id -u)" -eq 0 ]; then
+deb() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "SKIPPED: tests/package/deb.sh installs the package with dpkg -i and needs root"
+    return 0
+  fi
   bash "$top/tests/package/deb.sh" "$top/build-deb"
-else
-  echo "SKIPPED: tests/package/deb.sh installs the package with dpkg -i and needs root"
-fi
+}
+stage "Debian package: build, install, load by bare name, self-test, remove" deb
 
-echo "== libfabric 2.x: the plugin on a 2.x runtime, and built against it (FABRIC_LIBFABRIC2) =="
-bash "$top/tests/libfabric2.sh"
+lf2() { built "$top/build" && bash "$top/tests/libfabric2.sh"; }
+stage "libfabric 2.x: the plugin on a 2.x runtime, and built against it (FABRIC_LIBFABRIC2)" lf2
 
-echo "== build and test under AddressSanitizer + UBSan =="
-bash "$top/tests/build.sh" "$top/build-asan" -DCMAKE_BUILD_TYPE=Debug -DFABRIC_SANITIZE=ON
+stage "build under AddressSanitizer + UBSan" \
+  bash "$top/tests/build.sh" "$top/build-asan" -DCMAKE_BUILD_TYPE=Debug -DFABRIC_SANITIZE=ON && build_ok[$top/build-asan]=1
 # Every case under the sanitizers, through the core and the oldest and newest
 # tables on both transports and providers, and the newest Neuron table on
 # rdma (its one-sided calls); the versions between are the same engine
 # through other generated shims, run in the normal build above (this keeps CI
 # within its time budget).
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir "$top/build-asan" --output-on-failure -j "$jobs" --timeout 900 -L 'unit|abi|functional' -LE engine-bug \
-  -E 'functional\.(tcp|shm)\.(sendrecv|rdma)\.v(7|8|9|10|11)$|functional\.(tcp|shm)\.sendrecv\.neuron[0-9]+$|functional\.(tcp|shm)\.rdma\.neuron[45]$'
+asan_tests() {
+  built "$top/build-asan" || return 1
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir "$top/build-asan" --output-on-failure -j "$jobs" --timeout 900 -L 'unit|abi|functional' \
+    -LE engine-bug \
+    -E 'functional\.(tcp|shm)\.(sendrecv|rdma)\.v(7|8|9|10|11)$|functional\.(tcp|shm)\.sendrecv\.neuron[0-9]+$|functional\.(tcp|shm)\.rdma\.neuron[45]$'
+}
+stage "test under AddressSanitizer + UBSan" asan_tests
 
+failed_list=$(printf '%s; ' "${failed_names[@]}")
+echo "stages: $passed passed, $failed failed${failed_names[*]:+ (${failed_list%; })}; $(( $(date +%s) - t0 )) s in all"
+[[ $failed -eq 0 ]]
