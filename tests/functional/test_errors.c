@@ -468,8 +468,16 @@ static void dereg_waiting_send_body(ft_peer* peer, void* arg) {
            "%s)", ft_log_warns() - w0, ft_log_last_warn());
   FT_CHECK(strstr(ft_log_last_warn(), "deregistered before the send") != NULL, "the refusal says: %s",
            ft_log_last_warn());
+  /* Issue 26 item 7: the receive posted for it must not wait for ever: the
+   * sender's plugin tells it the message was given up. */
+  ft_log_expect_warns(1);
+  rc = ft_test_until(&s, rreq, NULL, 5000, &done);
+  ft_log_expect_warns(0);
+  FT_CHECK(rc == FAB_ERR_REMOTE, "the receive for a send given up by its sender returned %d (done %d); expected "
+           "ncclRemoteError (%d) within 5 s", (int)rc, done, (int)FAB_ERR_REMOTE);
+  FT_CHECK(strstr(ft_log_last_warn(), "gave its message up") != NULL, "the failed receive says: %s",
+           ft_log_last_warn());
   ft_sync(peer, "refused", T_MS);
-  (void)rreq; /* its data never comes: closed with it pending */
   ft_log_expect_warns(1);
   ft_close_all(&s, &c, 1);
   ft_mr_free(&s, &rm);
@@ -690,6 +698,66 @@ FT_PAIR_TEST(close_then_free, 90) {
   ft_phase("the other comm after the close");
   ft_exchange(&s, &c[1], (size_t)4 << 20, 1200, T_MS); /* progress that would hit a late write */
   ft_exchange(&s, &c[1], 100, 1201, T_MS);
+  ft_close_all(&s, c, 2);
+  ft_side_close(&s);
+}
+
+/* Issue 26 item 7: the sender deregisters, closes and unmaps in the middle
+ * of a 16 MiB message. The receive must end (complete with the right bytes,
+ * or fail with one WARN) within a bound, never stay pending, and the other
+ * comm between the two processes must go on working. */
+enum { SCM_LEN = 16 << 20 };
+
+FT_PAIR_TEST(sender_closes_mid_message, 90) {
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  ft_conn c[2];
+  ft_connect_all(&s, c, 2, T_MS);
+  if (peer->role == FT_PARENT) { /* receiver */
+    ft_mr rm;
+    ft_mr_alloc(&s, &rm, c[0].recv_comm, SCM_LEN);
+    size_t len = SCM_LEN;
+    int tag = 3;
+    void* d = rm.buf;
+    void* rreq = ft_irecv(&s, c[0].recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS);
+    ft_sync(peer, "posted", T_MS);
+    int done = 0, got = -1;
+    ft_log_expect_warns(1);
+    int64_t t0 = ft_now_ms();
+    fab_result rc = ft_test_until(&s, rreq, &got, 20000, &done);
+    ft_log_expect_warns(0);
+    FT_CHECK(rc != FAB_OK || done, "the receive was still pending %d ms after its sender closed mid-message",
+             (int)(ft_now_ms() - t0));
+    if (rc == FAB_OK) {
+      FT_CHECK(got == SCM_LEN, "received %d bytes, expected %d", got, SCM_LEN);
+      ft_verify_or_fail(rm.buf, SCM_LEN, 1300, "a message whose sender closed mid-way");
+    }
+    ft_sync(peer, "ended", T_MS);
+    ft_log_expect_warns(1);
+    FT_OK(s.api->close_recv(c[0].recv_comm));
+    ft_log_expect_warns(0);
+    c[0].recv_comm = NULL;
+    ft_mr_free(&s, &rm);
+  } else { /* sender */
+    void* buf = mmap(NULL, SCM_LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    FT_CHECK(buf != MAP_FAILED, "mmap");
+    ft_fill(buf, SCM_LEN, 1300);
+    void* mh = NULL;
+    FT_OK(s.api->reg_mr(c[0].send_comm, buf, SCM_LEN, FAB_PTR_HOST, &mh));
+    ft_sync(peer, "posted", T_MS);
+    void* sreq = ft_isend(&s, c[0].send_comm, buf, SCM_LEN, 3, mh, T_MS);
+    int done = 0;
+    int64_t until = ft_now_ms() + 2;
+    while (!done && ft_now_ms() < until && s.api->test(sreq, &done, NULL) == FAB_OK) {}
+    ft_log_expect_warns(1);
+    FT_OK(s.api->dereg_mr(c[0].send_comm, mh));
+    FT_OK(s.api->close_send(c[0].send_comm));
+    ft_log_expect_warns(0);
+    c[0].send_comm = NULL;
+    munmap(buf, SCM_LEN); /* the provider must be done reading it */
+    ft_sync(peer, "ended", T_MS);
+  }
+  ft_exchange(&s, &c[1], (size_t)4 << 20, 1301, T_MS);
   ft_close_all(&s, c, 2);
   ft_side_close(&s);
 }

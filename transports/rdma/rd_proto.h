@@ -68,7 +68,9 @@ static inline uint32_t rd_eager_check(const rd_eager_hdr* h) {
  *        (slot RD_ONESIDED_SLOT: a one-sided engine's write, handed to the
  *        comm's onesided handler with the low bits)
  * TRUNC: the sender refused to write size bytes into the buffer named by slot
- *        (larger than the buffer): that receive fails as truncated */
+ *        (larger than the buffer): that receive fails as truncated; size 0
+ *        (which fits any buffer): ABANDONED, the sender gave that message up
+ *        before writing it (its buffer was deregistered): the receive fails */
 enum { RD_CTRL = 0, RD_DATA = 1, RD_EAGER = 2, RD_TRUNC = 3 };
 enum { RD_ID_MAX = (1u << 20) - 1 };
 

@@ -280,6 +280,22 @@ rd_rsub* rd_recv_find_open(fab_comm* c, int32_t tag, uint32_t k, fab_req** out) 
 /* The sender wrote (DATA) or refused to write (TRUNC) the buffer named by
  * slot. Every field of the peer's CQ data is checked against what we
  * announced. */
+/* The sender gave the message for b up before writing it (its buffer was
+ * deregistered while the send waited): the receive fails with its account. */
+static void abandoned(fab_comm* c, fab_req* r, rd_rsub* b) {
+  if (r->result == FAB_OK && !c->closing) {
+    char msg[320];
+    snprintf(msg, sizeof(msg),
+             "receive of %zu bytes (tag %d) from %s failed: the sender gave its message up before writing it (its "
+             "buffer was deregistered while the send waited); the peer's log says more",
+             b->size, b->ctrl.tag, c->peer_name);
+    r->result = FAB_ERR_REMOTE;
+    r->errmsg = strdup(msg);
+  }
+  sub_finish(b);
+  fab_req_op_done(r, 1);
+}
+
 void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
   uint32_t idx = slot >> 3, k = slot & 7;
   uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
@@ -297,13 +313,17 @@ void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
     rd_protocol_error(c, "a write larger than the buffer announced for it");
     return;
   }
-  if (type == RD_TRUNC && size <= b->size) {
+  if (type == RD_TRUNC && size != 0 && size <= b->size) {
     rd_protocol_error(c, "a truncation notice for a message that fits its buffer");
     return;
   }
   uint32_t next = b->ctrl.index + 1; /* the sender consumed every announcement up to this one */
   if ((int32_t)(next - atomic_load_explicit(&rd_r(c)->acked, memory_order_relaxed)) > 0)
     atomic_store_explicit(&rd_r(c)->acked, next, memory_order_release);
+  if (type == RD_TRUNC && size == 0) { /* ABANDONED: its send failed at the sender */
+    abandoned(c, r, b);
+    return;
+  }
   rd_recv_complete(c, r, b, NULL, size);
   if (backlog_len(rd_r(c)) && !c->closing) {
     ssize_t err = flush_backlog(c); /* the mailbox has room again */

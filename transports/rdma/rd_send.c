@@ -56,8 +56,13 @@ static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
 }
 
 /* A send that waited finds its registration gone: its descriptor names a
- * closed memory region, which the provider must never see. */
+ * closed memory region, which the provider must never see. The receive
+ * posted for it learns from an ABANDONED notice (TRUNC of 0 bytes) and
+ * fails too, rather than waiting for data that never comes. */
 static ssize_t refuse_deregistered(fab_comm* c, fab_req* r) {
+  rd_ann* t = &rd_sq(r)->target;
+  ssize_t rc = fab_rma_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(RD_TRUNC, c->peer_id, t->slot, 0));
+  if (rc == -FI_EAGAIN) return rc;
   char msg[320];
   snprintf(msg, sizeof(msg),
            "send of %zu bytes (tag %d) to %s: its buffer was deregistered before the send could be written; "
