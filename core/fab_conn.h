@@ -64,6 +64,7 @@ typedef struct fab_listener {
   fab_list queue;       /* fab_conn_request waiting for accept */
   fab_comm* accepting;  /* recv comm whose answer could not be posted yet */
   uint32_t accepting_connector;
+  int64_t accepting_since_ms; /* its first try: after FAB_ANSWER_RETRY_MS it is given up */
   fab_list ready;       /* fab_ready_comm: answered before accept was called (fab_listen_answer_early) */
 } fab_listener;
 

@@ -182,23 +182,45 @@ static int accept_answer(fab_listener* l) {
   return -1;
 }
 
+/* A request whose answer could not even be posted for FAB_ANSWER_RETRY_MS
+ * (the provider keeps failing to reach the connector's address: the
+ * connector is gone, or the request was forged) is given up, so that the
+ * requests behind it are answered before their connectors time out. 1 when
+ * it was. ep lock held. */
+static int give_up_answer(fab_listener* l) {
+  int64_t waited = fab_now_ms() - l->accepting_since_ms;
+  if (waited < FAB_ANSWER_RETRY_MS) return 0;
+  fab_comm* c = l->accepting;
+  FAB_WARN("accept on %s: gave up the connect request from %s: its answer could not be sent for %lld ms (the "
+           "address is unreachable, the connector is gone, or the request was forged); answering the next request",
+           l->dev->name, c->peer_name, (long long)waited);
+  l->accepting = NULL;
+  c->closing = 1;
+  if (!fab_comm_busy(c)) fab_comm_free(c);
+  else fab_comm_park_closed(l->ep, c);
+  return 1;
+}
+
 /* Answers l's oldest queued request: the new recv comm, live and listed on
  * ep; NULL when none is queued, its answer must wait, or it failed (*rc).
  * ep lock held. */
 static fab_comm* answer_next(fab_listener* l, fab_result* rc) {
   fab_endpoint* ep = l->ep;
-  if (!l->accepting) {
-    fab_list* n = fab_list_pop(&l->queue);
-    if (n) {
+  int posted = 0;
+  while (!posted) {
+    if (!l->accepting) {
+      fab_list* n = fab_list_pop(&l->queue);
+      if (!n) return NULL;
       fab_conn_request* q = FAB_CONTAINER_OF(n, fab_conn_request, node);
       l->accepting = accept_start(l, &q->msg);
+      l->accepting_since_ms = fab_now_ms();
       free(q);
+      if (!l->accepting) continue; /* refused or dropped: the next one */
     }
+    posted = accept_answer(l);
+    if (posted == 0 && !give_up_answer(l)) return NULL; /* retried at the next accept or progress */
   }
   fab_comm* c = l->accepting;
-  if (!c) return NULL;
-  int posted = accept_answer(l);
-  if (posted == 0) return NULL;
   l->accepting = NULL;
   if (posted > 0) c->handle = fab_obj_add(FAB_OBJ_RECV, c);
   if (posted > 0 && c->handle) {

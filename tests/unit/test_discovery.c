@@ -7,7 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include "fab_conn.h"
+#include "fab_transport.h"
+#include "fab_wire.h"
+#include "rdma/rd_proto.h"
 #include "unit_util.h"
 
 static const fab_api* api = &fab_api_core;
@@ -245,3 +251,65 @@ Test(vdevice, make_and_validate) {
   api->close_listen(l);
   cr_assert_eq(api->finalize(ctx), FAB_OK);
 }
+
+/* Issue 26 item 5: a connect request with a valid checksum and the real
+ * listen id, but a connector address nothing answers at, reaches the
+ * listener ahead of a real one. The listener must give the forged one up
+ * with one WARN and accept the real connector in time. */
+static void forged_sent(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {}
+
+static void forged_connect_unreachable(const char* transport) {
+  ut_use_provider("tcp");
+  setenv("FABRIC_TRANSPORT", transport, 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  unsigned char h[FAB_HANDLE_SIZE];
+  void* l;
+  cr_assert_eq(api->listen(ctx, 0, h, &l), FAB_OK);
+  fab_wire_handle wh;
+  char why[160];
+  cr_assert_eq(fab_wire_handle_decode(h, &wh, why, sizeof(why)), 0, "%s", why);
+  fab_listener* fl = fab_obj_get(l, FAB_OBJ_LISTEN);
+  fab_endpoint* ep = fl->ep;
+  /* 127.0.0.1 on a port nobody listens at: every connect() is refused */
+  struct sockaddr_in nobody = {.sin_family = AF_INET, .sin_port = htons(9), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  fab_wire_tp tp = {.comm_id = 7, .transport = ep->dev->ops->id};
+  if (ep->dev->ops->connect_payload) { /* rdma: a plausible mailbox */
+    rd_hello hello = {.box_addr = 0x10000, .box_key = 1, .box_slots = RD_SLOTS};
+    memcpy(tp.data, &hello, sizeof(hello));
+    tp.len = sizeof(hello);
+  }
+  static fab_wire_connect forged;
+  static fab_op sent;
+  fab_op_init(&sent, forged_sent, NULL, 0);
+  fab_wire_connect_encode(&forged, wh.listen_id, 4242, &nobody, sizeof(nobody), &tp, 1, 0, 0);
+  fi_addr_t self;
+  struct fid_mr* mr = NULL;
+  void* desc = NULL;
+  pthread_mutex_lock(&ep->lock);
+  cr_assert_eq(fab_ep_av_insert(ep, wh.addr, wh.addr_len, &self), 0);
+  cr_assert_eq(fab_ep_ctrl_reg(ep, &forged, sizeof(forged), &mr, &desc), 0);
+  ssize_t rc;
+  while ((rc = fi_send(ep->ep, &forged, sizeof(forged), desc, self, &sent.ctx)) == -FI_EAGAIN)
+    fab_ep_progress_locked(ep);
+  cr_assert_eq(rc, 0);
+  pthread_mutex_unlock(&ep->lock);
+  ut_reset_warns();
+  void *s = NULL, *r = NULL;
+  int64_t t0 = ut_now_ms();
+  while ((!s || !r) && ut_now_ms() - t0 < 30000) {
+    if (!s) cr_assert_eq(api->connect(ctx, 0, NULL, h, &s, NULL), FAB_OK);
+    if (!r) cr_assert_eq(api->accept(l, &r, NULL), FAB_OK);
+  }
+  cr_assert(s && r, "a real connect behind a forged request from an unreachable address was not accepted in %d ms",
+            (int)(ut_now_ms() - t0));
+  cr_assert_eq(ut_warns(), 1, "one WARN for the forged request, got %d", ut_warns());
+  cr_assert_eq(api->close_send(s), FAB_OK);
+  cr_assert_eq(api->close_recv(r), FAB_OK);
+  cr_assert_eq(api->close_listen(l), FAB_OK);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+  fab_ep_ctrl_dereg(mr);
+}
+
+Test(lifecycle, forged_connect_unreachable_sendrecv, .timeout = 90) { forged_connect_unreachable("sendrecv"); }
+Test(lifecycle, forged_connect_unreachable_rdma, .timeout = 90) { forged_connect_unreachable("rdma"); }
