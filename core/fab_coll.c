@@ -243,7 +243,7 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
   fab_list_init(&g->ctxs);
   fab_list_init(&g->free_reqs);
   fab_list_init(&g->chunks);
-  fab_list_init(&g->serving);
+  fab_list_init(&g->owned);
   add_ep(g, l->ep);
   for (int r = 0; r < nranks; r++) {
     peers[r].coll = g;
@@ -340,6 +340,7 @@ void fab_coll_win_free(fab_coll_win* w) {
   if (w->gpu) fab_devcopy_forget((void*)w->base, w->len);
   free(w->remote);
   free(w->remote_staged);
+  free((void*)w->remote_gone);
   free(w->shadow);
   free(w->shadow_known);
   free(w);

@@ -80,6 +80,12 @@ _Static_assert(sizeof(fab_coll_sig) == 48, "fab_coll_sig layout");
  * at offset" (a get from or into a staged window: the target answers with
  * chunks into our staging ring, fab_coll_stage.c). */
 enum { FAB_COLL_OP_GET = 0x100, FAB_COLL_GETS = 256 /* gets in flight per (source, target) */ };
+/* ... and "my registration `window` is gone": applied after every earlier
+ * put of the sender, the target marks the sender's window withdrawn
+ * (operations into it are refused from then on); its acknowledgement, or
+ * its own withdrawal of the same window, tells the sender so
+ * (fab_coll_withdraw). */
+enum { FAB_COLL_OP_WITHDRAW = 0x200, FAB_COLL_WITHDRAW_WAIT_MS = 5000 };
 
 static inline uint32_t fab_coll_sig_check(const fab_coll_sig* s) {
   return (uint32_t)(s->puts_before ^ s->offset ^ s->value) ^ s->seq ^ s->window ^ s->op ^ s->token ^ s->get ^
@@ -211,6 +217,7 @@ typedef struct fab_coll_win {
   uint8_t* shadow_known;
   fab_window* remote;    /* per rank */
   uint8_t* remote_staged; /* per rank: that rank's window is staged */
+  _Atomic uint8_t* remote_gone; /* per rank: that rank deregistered its window (FAB_COLL_OP_WITHDRAW) */
 } fab_coll_win;
 
 struct fab_coll {
@@ -246,7 +253,7 @@ struct fab_coll {
   int rx_pinned;
   uint32_t rx_slots, rx_slot_bytes;
   int gpu_direct;        /* a window of ours is GPU memory the provider writes into (flush before signals) */
-  fab_list serving;      /* our answers to peers' gets: requests of our own, freed once complete */
+  fab_list owned;        /* requests of our own (answers to peers' gets, withdrawals): freed once complete */
   fab_list live;         /* in the process's list of groups (fab_coll_register) */
   _Atomic int op_failed; /* an operation failed (queryLastError), whether or not the group did */
   _Atomic uint32_t progress_calls; /* every FAB_COLL_SERVE_OTHERS_EVERY-th serves the other groups */
@@ -277,6 +284,7 @@ typedef struct fab_coll_req {
   fab_op ops[2];        /* the data write or read, the signal record */
   fab_coll_sig sig;     /* staged until the ring has room */
   fab_list node;        /* free list, or the peer's waiting list */
+  fab_list own_node;    /* coll->owned: a request of the group's own (nobody tests it), freed once complete */
   /* a staged put: what is still to be copied out and written (coll->lock) */
   fab_coll_win *st_src, *st_dst;
   uint64_t st_src_off, st_dst_off, st_put;
@@ -365,6 +373,12 @@ fab_result fab_coll_progress(fab_coll* g);
 /* Completion of an acknowledgement write (a peer's ack_op). */
 void fab_coll_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
 fab_result fab_coll_post_waiting(fab_coll* g);
+/* Our window w is being deregistered: every peer is told (a WITHDRAW
+ * record) and, for at most FAB_COLL_WITHDRAW_WAIT_MS, confirms it has seen
+ * it (its writes into w before that have landed: they precede its
+ * acknowledgement), so that none writes into w once its registration
+ * closes. No lock held. */
+void fab_coll_withdraw(fab_coll* g, fab_coll_win* w);
 void fab_coll_reqs_free(fab_coll* g);
 /* 1 while any request of the group is posted and not complete. */
 int fab_coll_busy(fab_coll* g);

@@ -175,7 +175,8 @@ static fab_result gather_windows(fab_coll* g, fab_coll_win* w, const char* fn) {
   win_part* out = calloc((size_t)n, sizeof(*out));
   w->remote = calloc((size_t)n, sizeof(*w->remote));
   w->remote_staged = calloc((size_t)n, 1);
-  fab_result rc = parts && out && w->remote && w->remote_staged ? FAB_OK : FAB_ERR_SYSTEM;
+  w->remote_gone = calloc((size_t)n, sizeof(*w->remote_gone));
+  fab_result rc = parts && out && w->remote && w->remote_staged && w->remote_gone ? FAB_OK : FAB_ERR_SYSTEM;
   if (rc != FAB_OK) FAB_WARN("%s: out of memory", fn);
   for (int r = 0; rc == FAB_OK && r < n; r++) parts[r] = our_part(g, w);
   if (rc == FAB_OK) rc = fab_coll_exchange(g, parts, out, fn);
@@ -354,6 +355,7 @@ fab_result fab_dereg_mr_sym(void* coll, void* mhandle) {
     return FAB_ERR_INTERNAL;
   }
   fab_obj_remove(mhandle, FAB_OBJ_COLL_WIN);
+  fab_coll_withdraw(g, w); /* no peer writes into it once its registration closes */
   pthread_mutex_lock(&g->lock); /* no staged chunk is being copied into it, none queued from or into it */
   fab_coll_stage_drop_window(g, w);
   pthread_mutex_lock(&g->target_ep->lock);

@@ -1,6 +1,7 @@
 /* One-sided operations of a group: requests, put / put-with-signal / get /
  * flush / test, and the target side that counts puts and applies signals.
  * See fab_coll.h for the protocol. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +123,8 @@ static void req_put(fab_coll_req* r) {
 }
 
 int fab_coll_busy(fab_coll* g) {
+  for (int i = 0; i < g->nranks; i++) /* an acknowledgement write's completion names its peer */
+    if (atomic_load_explicit(&g->peers[i].ack_inflight, memory_order_acquire)) return 1;
   FAB_LIST_FOREACH_SAFE(it, tmp, &g->chunks) {
     req_chunk* ch = FAB_CONTAINER_OF(it, req_chunk, node);
     for (int i = 0; i < FAB_COLL_REQ_CHUNK; i++)
@@ -277,19 +280,19 @@ static int serve_gets(fab_coll* g, fab_coll_peer* p) {
     r->st_put = p->puts_posted;
     p->puts_posted += nchunks;
     p->ops_posted += nchunks;
-    fab_list_push(&g->serving, &r->node);
+    fab_list_push(&g->owned, &r->own_node);
     fab_coll_stage_put(p, r);
     atomic_store_explicit(&p->ask_tail, ++tail, memory_order_release);
   }
   return 0;
 }
 
-/* Our answers to gets are requests nobody tests: freed once complete. */
-static void sweep_serving(fab_coll* g) {
-  FAB_LIST_FOREACH_SAFE(it, tmp, &g->serving) {
-    fab_coll_req* r = FAB_CONTAINER_OF(it, fab_coll_req, node);
+/* Requests nobody tests (answers to gets, withdrawals): freed once complete. */
+static void sweep_owned(fab_coll* g) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &g->owned) {
+    fab_coll_req* r = FAB_CONTAINER_OF(it, fab_coll_req, own_node);
     if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) continue;
-    fab_list_del(&r->node);
+    fab_list_del(&r->own_node);
     req_put(r);
   }
 }
@@ -298,8 +301,8 @@ fab_result fab_coll_post_waiting(fab_coll* g) {
   atomic_store_explicit(&g->due, 0, memory_order_relaxed);
   int again = 0;
   fab_coll_target_drain(g);
-  sweep_serving(g);
-  again |= !fab_list_empty(&g->serving);
+  sweep_owned(g);
+  again |= !fab_list_empty(&g->owned);
   for (int i = 0; i < g->nranks; i++) {
     fab_coll_peer* p = &g->peers[i];
     if (!p->sc) continue;
@@ -365,6 +368,12 @@ static fab_coll_win* window(fab_coll* g, void* mhandle, const char* arg, int ran
              mhandle);
     return NULL;
   }
+  if (rank != g->rank && atomic_load_explicit(&w->remote_gone[rank], memory_order_acquire)) {
+    FAB_WARN("%s: %s %p: rank %d has deregistered its registration of this window (deregMrSym), so nothing may "
+             "be written into or read from it there any more; deregister on every rank together, after the last "
+             "operation on it", fn, arg, mhandle, rank);
+    return NULL;
+  }
   const fab_window* win = &w->remote[rank];
   if (!fab_window_covers(win, off, len)) {
     FAB_WARN("%s: %s: %llu bytes at offset %llu lie outside rank %d's registration of %llu bytes", fn, arg,
@@ -403,6 +412,46 @@ static fab_result post_record(fab_coll* g, fab_coll_peer* p, fab_coll_req* r) {
   fab_list_push(&p->waiting, &r->node); /* posted in order as the peer gives slots back */
   atomic_store_explicit(&g->due, 1, memory_order_release);
   return FAB_OK;
+}
+
+void fab_coll_withdraw(fab_coll* g, fab_coll_win* w) {
+  uint32_t* seq = calloc((size_t)g->nranks, sizeof(*seq));
+  if (!seq) return; /* out of memory: the registration closes unannounced, as before there was a withdrawal */
+  pthread_mutex_lock(&g->lock);
+  for (int i = 0; i < g->nranks; i++) {
+    fab_coll_peer* p = &g->peers[i];
+    fab_coll_req* r = p->sc && !atomic_load(&g->failed) ? req_get(g, p, 1) : NULL;
+    if (!r) continue;
+    seq[i] = atomic_fetch_add_explicit(&p->sig_seq, 1, memory_order_relaxed) + 1;
+    /* applied after every put of ours to p so far: p then knows none of ours into its window is on the way */
+    r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .seq = seq[i] - 1, .window = w->id,
+                            .op = FAB_COLL_OP_WITHDRAW, .token = g->token};
+    p->ops_posted++;
+    fab_list_push(&g->owned, &r->own_node);
+    post_record(g, p, r);
+  }
+  pthread_mutex_unlock(&g->lock);
+  int64_t until = fab_now_ms() + FAB_COLL_WITHDRAW_WAIT_MS;
+  while (!atomic_load(&g->failed)) {
+    /* a peer is through once it acknowledged our record, or withdrew the window itself (deregistered
+     * together): its handle is gone, and its puts into ours landed before its record applied here */
+    int waiting = -1; /* the first rank still to confirm */
+    for (int i = 0; i < g->nranks && waiting < 0; i++)
+      if (seq[i] && (int32_t)(atomic_load_explicit(&g->peers[i].sig_acked, memory_order_acquire) - seq[i]) < 0 &&
+          !atomic_load_explicit(&w->remote_gone[i], memory_order_acquire))
+        waiting = i;
+    if (waiting < 0) break;
+    if (fab_now_ms() > until) {
+      FAB_WARN("deregMrSym: rank %d did not confirm within %d ms that it saw window #%u withdrawn (it is not "
+               "progressing its RMA comm); a write of its into the window from now on fails at the provider",
+               waiting, FAB_COLL_WITHDRAW_WAIT_MS, w->id);
+      break;
+    }
+    if (fab_coll_progress(g) != FAB_OK) break; /* the group failed: nothing more moves */
+    serve_others(g);
+    sched_yield();
+  }
+  free(seq);
 }
 
 /* Our own rank: the data and the signal are placed here and now (GPU

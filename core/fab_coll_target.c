@@ -64,6 +64,10 @@ static int ask(fab_coll_peer* p, const fab_coll_sig* s, fab_coll_win* w) {
 static int apply(fab_coll_peer* p, const fab_coll_sig* s, int can_gpu) {
   fab_coll* g = p->coll;
   fab_coll_win* w = s->window < g->nwins ? g->wins[s->window] : NULL;
+  if (s->op == FAB_COLL_OP_WITHDRAW) { /* the peer's registration of it is gone (ours may be too) */
+    if (w) atomic_store_explicit(&w->remote_gone[p->rank], 1, memory_order_release);
+    return 1;
+  }
   if (!w) {
     bad_peer(p, s->op == FAB_COLL_OP_GET ? "a get from a window that is not registered here"
                                          : "a signal for a window that is not registered here");

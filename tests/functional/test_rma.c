@@ -613,6 +613,72 @@ static void two_groups(rr_ctx* c) {
   teardown(c, &g[0]);
 }
 
+/* --- dereg_remote: operations into a window its target deregistered ----------------------- */
+
+/* Issue 26 item 4: each fails with one WARN (when it is posted or when it is
+ * tested), writes nothing, and a signal from the same source into a live
+ * window afterwards is applied as usual. */
+static void expect_failed_op(rr_ctx* c, grp* g, int w0, fab_result rc, void* req, const char* what) {
+  if (rc == FAB_OK) {
+    RR_CHECK(req != NULL, "%s: accepted with no request", what);
+    int64_t deadline = rr_now_ms() + 20000;
+    int done = 0;
+    while ((rc = c->api.test(g->coll, req, &done)) == FAB_OK && !done && rr_now_ms() < deadline) sched_yield();
+  }
+  RR_CHECK(rc != FAB_OK, "%s: %s", what, "completed with success into a window its target deregistered");
+  RR_CHECK(rr_warns() == w0 + 1, "%s: %d WARN lines, want 1 (last: %s)", what, rr_warns() - w0, rr_last_warn());
+}
+
+static void dereg_remote(rr_ctx* c) {
+  grp g;
+  setup(c, &g, 1u << 20);
+  enum { EXTRA = 65536 };
+  unsigned char* extra = aligned_alloc(4096, EXTRA);
+  RR_CHECK(extra, "out of memory");
+  memset(extra, 0x5c, EXTRA);
+  void* extra_mh = NULL;
+  RR_OK(c->api.reg_mr_sym(g.coll, extra, EXTRA, FAB_PTR_HOST, 0, &extra_mh, NULL));
+  rr_barrier(c, "extra window registered");
+  if (c->rank == 1) RR_OK(c->api.dereg_mr_sym(g.coll, extra_mh));
+  rr_barrier(c, "extra window deregistered at rank 1");
+  if (c->rank == 0) {
+    fill(g.src, 8192, 77u);
+    void* req = NULL;
+    rr_expect_warns(1);
+    rr_phase(c, "a put into the withdrawn window");
+    int w0 = rr_warns();
+    fab_result rc = c->api.iput(g.rctx, 0, 0, g.src_mh, 4096, 0, extra_mh, 1, 0, &req);
+    expect_failed_op(c, &g, w0, rc, req, "a put into a window its target deregistered");
+    rr_phase(c, "a put with a signal into the withdrawn window");
+    req = NULL;
+    w0 = rr_warns();
+    rc = c->api.iput_signal(g.rctx, 0, 0, g.src_mh, 4096, 0, extra_mh, 1, sig_off(c, 0, 0), g.sig_mh, 1,
+                            FAB_SIGNAL_ADD, true, 0, &req);
+    expect_failed_op(c, &g, w0, rc, req, "a put with a signal into a window its target deregistered");
+    if (c->api.iget) {
+      rr_phase(c, "a get from the withdrawn window");
+      req = NULL;
+      w0 = rr_warns();
+      rc = c->api.iget(g.rctx, 0, 0, extra_mh, 4096, 0, g.src_mh, 1, 0, &req);
+      expect_failed_op(c, &g, w0, rc, req, "a get from a window its target deregistered");
+    }
+    rr_expect_warns(0);
+    rr_phase(c, "a put with a signal into a live window after them");
+    req = NULL;
+    RR_OK(c->api.iput_signal(g.rctx, 0, 0, g.src_mh, 8192, g.region * 0, g.data_mh, 1, sig_off(c, 0, 0), g.sig_mh, 1,
+                             FAB_SIGNAL_ADD, true, 0, &req));
+    wait_req(c, &g, req, "the put after the refused ones");
+  } else {
+    wait_sig(c, &g, sig_word(c, &g, 0, 0), 1, "the signal after the refused operations");
+    check_bytes(c, g.data, 8192, 77u, "the put after the refused operations");
+  }
+  rr_barrier(c, "dereg_remote checked");
+  if (c->rank == 0) RR_OK(c->api.dereg_mr_sym(g.coll, extra_mh));
+  for (size_t i = 0; i < EXTRA; i++) RR_CHECK(extra[i] == 0x5c, "byte %zu of the withdrawn window was written", i);
+  free(extra);
+  teardown(c, &g);
+}
+
 static void body(rr_ctx* c) {
   size_t region = max_size + 4096;
   grp g;
@@ -654,11 +720,12 @@ int main(int argc, char** argv) {
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "threads") == 0) run = threads;
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "init_refused") == 0) run = init_refused;
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "two_groups") == 0) run = two_groups;
+    else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "dereg_remote") == 0) run = dereg_remote;
     else if (strcmp(argv[i], "--mem") == 0 && strcmp(argv[i + 1], "host") == 0) mem_kind = MEM_HOST;
     else if (strcmp(argv[i], "--mem") == 0 && strcmp(argv[i + 1], "gpu") == 0) mem_kind = MEM_GPU;
     else if (strcmp(argv[i], "--mem") == 0 && strcmp(argv[i + 1], "mixed") == 0) mem_kind = MEM_MIXED;
     else {
-      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed|threads|init_refused|two_groups] "
+      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed|threads|init_refused|two_groups|dereg_remote] "
               "[--mem host|gpu|mixed]\n", argv[0]);
       return 2;
     }

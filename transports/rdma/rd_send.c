@@ -27,7 +27,10 @@ static void write_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_e
   fab_req_op_done(r, 0);
 }
 
-void rd_send_init_req(fab_comm* c, fab_req* r) { fab_op_init_unlocked(&rd_sq(r)->op, write_done, r, 0); }
+void rd_send_init_req(fab_comm* c, fab_req* r) {
+  fab_op_init_unlocked(&rd_sq(r)->op, write_done, r, 0);
+  rd_sq(r)->held = NULL;
+}
 
 static void fail_send(fab_comm* c, fab_req* r, fab_result rc, const char* msg) {
   if (r->result == FAB_OK) {
@@ -266,10 +269,12 @@ void rd_send_cancel(fab_comm* c) {
   if (c->error != FAB_OK) drop_waiting(c, NULL);
 }
 
-/* The comm is freed: sends still waiting let go of their registrations. */
+/* The comm is freed: its sends let go of their registrations, the waiting
+ * ones and any whose write never completed (its endpoint was closed under
+ * it: no completion will come). */
 void rd_send_release(fab_comm* c) {
-  rd_scomm* s = rd_s(c);
-  for (uint32_t i = 0; i < s->nwait; i++) let_go(rd_sq(s->wait[i]));
+  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
+  for (uint32_t i = 0; i < used; i++) let_go(rd_sq((fab_req*)fab_pool_at(&c->reqs, i)));
 }
 
 void rd_send_give_up(fab_req* r) {
