@@ -262,6 +262,15 @@ static fab_result os_start(fab_comm* c, int kind, void* local, size_t size, void
                            const char* fn, void** request) {
   fab_endpoint* ep = c->ep;
   pthread_mutex_lock(&ep->lock);
+  /* A withdrawal the peer sent before its deregMr returned may be waiting
+   * in our queue, unread if we did not progress since (its wait for our
+   * answer ran out): read it before the key is trusted. On shm a write with
+   * a closed key still lands. */
+  fab_ep_progress_locked(ep);
+  if (c->error != FAB_OK) { /* that progress failed the connection */
+    pthread_mutex_unlock(&ep->lock);
+    return fab_comm_failed(c, fn);
+  }
   fab_pwin* p = fab_pwin_get(c);
   fab_result rc = FAB_ERR_SYSTEM;
   const fab_pwin_entry* e = p ? window_for(c, p, remote, size, key, fn, &rc) : NULL;
@@ -292,7 +301,7 @@ static fab_result os_start(fab_comm* c, int kind, void* local, size_t size, void
     atomic_store_explicit(&r->pending, 0, memory_order_relaxed);
   }
   pthread_mutex_unlock(&ep->lock);
-  if (prc == -FI_EAGAIN) return FAB_OK; /* NULL request: call again */
+  if (prc == -FI_EAGAIN) return fab_comm_not_now(c, fn); /* NULL request: call again (a dead peer fails the comm) */
   if (prc != 0) {
     FAB_WARN("%s: posting %zu bytes %s %s failed: %s", fn, size, kind == OS_READ ? "from" : "to", c->peer_name,
              fi_strerror((int)-prc));

@@ -360,3 +360,60 @@ Test(functional, onesided_dereg_race, .init = ft_test_init, .timeout = 90) {
   skip_unless_rma();
   ft_run_pair("onesided_dereg_race", dereg_race_body, NULL, 60);
 }
+
+/* Issue 26 item 3: the owner deregisters a window while the writer is not
+ * progressing (the owner's wait for the withdrawal's answer runs out); the
+ * writer's next iwrite with the old key must be refused with one WARN, and
+ * nothing may land in the memory whose deregMr returned (on shm a write
+ * with a closed key still landed). */
+static void write_after_silent_dereg_body(ft_peer* peer, void* arg) {
+  enum { LEN = 4096 };
+  ft_side s;
+  ft_conn c;
+  FT_CHECK(open_rdma(&s, peer, &c), "rma_supported is 0 on the rdma transport");
+  ft_mr dst, local;
+  win_desc mine, theirs;
+  window(&s, &dst, c.recv_comm, &mine);
+  ft_mr_alloc(&s, &local, c.send_comm, LEN);
+  ft_fill(local.buf, LEN, 31);
+  ft_xchg(peer, "windows", &mine, &theirs, sizeof mine, T_MS);
+  if (ft_role() == 0) { /* the owner */
+    ft_sync(peer, "offered", T_MS);
+    memset(dst.buf, FT_POISON, WIN);
+    FT_OK(s.api->dereg_mr(c.recv_comm, dst.mh)); /* the writer does not answer: its wait runs out */
+    dst.mh = NULL;
+    ft_sync(peer, "deregistered", T_MS);
+    ft_sync(peer, "written", T_MS);
+    ft_check_poison(dst.buf, WIN, "a window deregistered before the peer's write");
+    ft_free(dst.buf, dst.len);
+  } else { /* the writer: learns the window, then sleeps through the deregistration */
+    /* 0 bytes: found in the offered windows, moves nothing (the owner is not progressing) */
+    POST_AND_WAIT(&s, "a write before the deregistration",
+                  s.api->iwrite(c.send_comm, local.buf, 0, local.mh, theirs.addr, theirs.key, request));
+    ft_sync(peer, "offered", T_MS);
+    ft_sync(peer, "deregistered", T_MS);
+    void* req = NULL;
+    int w0 = ft_log_warns();
+    ft_log_expect_warns(1);
+    fab_result rc = FAB_OK;
+    int64_t until = ft_now_ms() + 5000;
+    while (rc == FAB_OK && !req && ft_now_ms() < until)
+      rc = s.api->iwrite(c.send_comm, local.buf, LEN, local.mh, theirs.addr + GUARD, theirs.key, &req);
+    int done = 0;
+    if (rc == FAB_OK && req) rc = ft_test_until(&s, req, NULL, T_MS, &done);
+    ft_log_expect_warns(0);
+    FT_CHECK(rc != FAB_OK, "an iwrite with the key of a window its owner deregistered was accepted (done %d)", done);
+    FT_CHECK(ft_log_warns() == w0 + 1 && strstr(ft_log_last_warn(), "deregistered"),
+             "%d WARN lines for the refused write; last: %s", ft_log_warns() - w0, ft_log_last_warn());
+    ft_sync(peer, "written", T_MS);
+    ft_mr_free(&s, &dst);
+  }
+  ft_mr_free(&s, &local);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
+
+Test(functional, onesided_write_after_silent_dereg, .init = ft_test_init, .timeout = 90) {
+  skip_unless_rma();
+  ft_run_pair("onesided_write_after_silent_dereg", write_after_silent_dereg_body, NULL, 60);
+}
