@@ -59,6 +59,28 @@ void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t sta
 
 /* --- connect-request receives ----------------------------------------------- */
 
+/* Malformed control messages: one WARN per FAB_BAD_CTRL_WARN_MS per
+ * endpoint, the next one counting those ignored quietly meanwhile, so a
+ * flood of garbage cannot flood the log. (Untagged control receives carry no
+ * source address, so the limit is the endpoint's, not a peer's.) ep lock. */
+enum { FAB_BAD_CTRL_WARN_MS = 1000 };
+
+static void bad_ctrl(fab_endpoint* ep, const char* what, const char* why) {
+  int64_t now = fab_now_ms();
+  if (ep->bad_ctrl_warned_ms && now - ep->bad_ctrl_warned_ms < FAB_BAD_CTRL_WARN_MS) {
+    ep->bad_ctrl_quiet++;
+    return;
+  }
+  if (ep->bad_ctrl_quiet)
+    FAB_WARN("ignored a malformed %s on %s: %s (a foreign or corrupted sender); %u more malformed control messages "
+             "were ignored in the last %lld ms", what, ep->dev->name, why, ep->bad_ctrl_quiet,
+             (long long)(now - ep->bad_ctrl_warned_ms));
+  else
+    FAB_WARN("ignored a malformed %s on %s: %s (a foreign or corrupted sender)", what, ep->dev->name, why);
+  ep->bad_ctrl_warned_ms = now;
+  ep->bad_ctrl_quiet = 0;
+}
+
 fab_listener* fab_listener_find(fab_endpoint* ep, uint64_t id) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->listens) {
     fab_listener* l = FAB_CONTAINER_OF(it, fab_listener, node);
@@ -78,7 +100,7 @@ static void window_deliver(fab_endpoint* ep, const void* raw, size_t len) {
   fab_wire_window m;
   char why[160];
   if (fab_wire_window_decode(raw, len, &m, why, sizeof(why)) != 0) {
-    FAB_WARN("ignored a malformed window offer on %s: %s (a foreign or corrupted sender)", ep->dev->name, why);
+    bad_ctrl(ep, "window offer", why);
     return;
   }
   fab_comm* c = fab_ep_id_get(ep, m.target_id);
@@ -99,7 +121,7 @@ static void ctrl_rx_deliver(fab_endpoint* ep, const fab_wire_connect* raw, size_
   fab_wire_connect m;
   char why[160];
   if (fab_wire_connect_decode(raw, len, &m, why, sizeof(why)) != 0) {
-    FAB_WARN("ignored a malformed connect request on %s: %s (a foreign or corrupted sender)", ep->dev->name, why);
+    bad_ctrl(ep, "connect request", why);
     return;
   }
   fab_listener* l = fab_listener_find(ep, m.listen_id);
@@ -119,7 +141,9 @@ static void ctrl_rx_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err
   if (done) {
     ctrl_rx_deliver(ep, &rx->msg, done->len);
   } else if (err->err == FI_ETRUNC) {
-    FAB_WARN("ignored an oversized connect request on %s (%zu bytes too many)", ep->dev->name, err->olen);
+    char why[64];
+    snprintf(why, sizeof(why), "%zu bytes too many", err->olen);
+    bad_ctrl(ep, "connect request (oversized)", why);
   }
   int rc = ctrl_rx_post(rx);
   if (rc != 0) {

@@ -188,6 +188,8 @@ struct fab_endpoint {
   _Atomic fab_result failed; /* sticky after the CQ itself failed; read without the lock */
   fi_addr_t silent_peer;      /* a peer that left a window's withdrawal unanswered (fab_pwin.h): its next
                                * withdrawals are not waited for until it answers one (ep lock) */
+  int64_t bad_ctrl_warned_ms; /* the last WARN about a malformed control message (fab_ctrl.c, ep lock) */
+  uint32_t bad_ctrl_quiet;    /* malformed control messages ignored without a WARN since then */
   _Atomic int nclosing;       /* closed comms parked until their data operations complete,
                                * and own endpoints retiring (privates) */
   _Atomic uint32_t sweep_tick;  /* data polls since the last sweep (relaxed, approximate) */

@@ -313,3 +313,49 @@ static void forged_connect_unreachable(const char* transport) {
 
 Test(lifecycle, forged_connect_unreachable_sendrecv, .timeout = 90) { forged_connect_unreachable("sendrecv"); }
 Test(lifecycle, forged_connect_unreachable_rdma, .timeout = 90) { forged_connect_unreachable("rdma"); }
+
+/* Issue 26 item 12: a flood of malformed control messages costs one WARN
+ * per second on the endpoint, not one each, and the listener still works. */
+Test(lifecycle, malformed_control_flood, .timeout = 60) {
+  enum { N = 40 };
+  ut_use_provider("tcp");
+  setenv("FABRIC_TRANSPORT", "sendrecv", 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  unsigned char h[FAB_HANDLE_SIZE];
+  void* l;
+  cr_assert_eq(api->listen(ctx, 0, h, &l), FAB_OK);
+  fab_wire_handle wh;
+  char why[160];
+  cr_assert_eq(fab_wire_handle_decode(h, &wh, why, sizeof(why)), 0, "%s", why);
+  fab_endpoint* ep = ((fab_listener*)fab_obj_get(l, FAB_OBJ_LISTEN))->ep;
+  static unsigned char junk[N][sizeof(fab_wire_connect)];
+  static fab_op sent[N];
+  srand(26);
+  for (int i = 0; i < N; i++)
+    for (size_t k = 0; k < sizeof(junk[i]); k++) junk[i][k] = (unsigned char)rand();
+  fi_addr_t self;
+  struct fid_mr* mr = NULL;
+  void* desc = NULL;
+  ut_reset_warns();
+  pthread_mutex_lock(&ep->lock);
+  cr_assert_eq(fab_ep_av_insert(ep, wh.addr, wh.addr_len, &self), 0);
+  cr_assert_eq(fab_ep_ctrl_reg(ep, junk, sizeof(junk), &mr, &desc), 0);
+  for (int i = 0; i < N; i++) {
+    fab_op_init(&sent[i], forged_sent, NULL, 0);
+    ssize_t rc;
+    while ((rc = fi_send(ep->ep, junk[i], sizeof(junk[i]), desc, self, &sent[i].ctx)) == -FI_EAGAIN)
+      fab_ep_progress_locked(ep);
+    cr_assert_eq(rc, 0);
+  }
+  pthread_mutex_unlock(&ep->lock);
+  void *s, *r;
+  connect_pair(ctx, l, h, &s, &r); /* progresses the endpoint: every junk message is read before the answer */
+  cr_assert(ut_warns() >= 1 && ut_warns() <= 2, "%d malformed control messages logged %d WARN lines, want 1 or 2",
+            N, ut_warns());
+  cr_assert_eq(api->close_send(s), FAB_OK);
+  cr_assert_eq(api->close_recv(r), FAB_OK);
+  cr_assert_eq(api->close_listen(l), FAB_OK);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+  fab_ep_ctrl_dereg(mr);
+}
