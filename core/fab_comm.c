@@ -244,10 +244,13 @@ static fab_result close_own_endpoint_comm(fab_comm* c, const char* fn) {
 /* A receive the provider matched already cannot be cancelled: it writes into
  * the caller's buffer until its data is in; a send handed to the provider
  * reads the caller's buffer until it is delivered. close waits for such
- * operations (what was not handed to the provider yet was dropped), for at most FAB_CLOSE_DRAIN_MS without one completing, so that the caller
- * may free its buffers once close returns: freed under a tcp send, the
- * socket's read faults and takes the connection, and with it every other
- * comm between the two processes, down. ep lock held (let go between polls). */
+ * operations while one of them completes every FAB_CLOSE_DRAIN_MS (at most
+ * the peer timeout), so that the caller may free its buffers once close
+ * returns: freed under a tcp send, the socket's read faults and takes the
+ * connection, and with it every other comm between the two processes, down.
+ * Operations the transport has not handed to the provider yet read nothing
+ * and are not waited for (its unposted op). ep lock held (let go between
+ * polls). */
 static void wait_pending_requests(fab_endpoint* ep, fab_comm* c, const char* fn) {
   /* pinned: a completion that ends the last operation of a closing comm
    * frees it (fab_comm_op_done) */
@@ -298,7 +301,7 @@ static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
   pthread_mutex_lock(&ep->lock);
   fab_list_del(&c->park.node);
   c->closing = 1;
-  c->ops->cancel(c); /* posted receives, a grouped receive's unposted part, sends not handed over yet */
+  c->ops->cancel(c); /* posted receives, and a grouped receive's unposted part */
   if (c->error == FAB_OK) wait_pending_requests(ep, c, fn);
   if (!fab_comm_busy(c)) {
     fab_comm_free(c);
