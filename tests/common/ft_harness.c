@@ -21,6 +21,7 @@
 /* process state                                                             */
 
 static int g_role = FT_PARENT;
+static const char* g_role_name = NULL; /* a third process's own name (ft_name_process) */
 static int g_have_peer = 0;     /* inside ft_run_pair */
 static ft_peer* g_peer = NULL;  /* for failure handling and the watchdog */
 static char g_phase[160] = "start";
@@ -32,7 +33,15 @@ void ft_set_note(const char* note) { g_note = note; }
 
 void ft_set_fail_hook(ft_fail_hook hook) { g_hook = hook; }
 int ft_role(void) { return g_role; }
-const char* ft_role_name(void) { return g_role == FT_PARENT ? "parent" : "child"; }
+const char* ft_role_name(void) {
+  if (g_role_name) return g_role_name;
+  return g_role == FT_PARENT ? "parent" : "child";
+}
+
+void ft_name_process(const char* test, const char* role) {
+  snprintf(g_test, sizeof g_test, "%s", test);
+  g_role_name = role;
+}
 
 void ft_phase(const char* fmt, ...) {
   va_list ap;

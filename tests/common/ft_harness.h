@@ -36,6 +36,9 @@ enum { FT_EXIT_OK = 0, FT_EXIT_FAIL = 10 };
  * failure message; must not return (cr_assert_fail longjmps, exit exits). */
 typedef void (*ft_fail_hook)(const char* message);
 void ft_set_fail_hook(ft_fail_hook hook);
+/* Names a process that is neither of the pair (a helper forked by a case),
+ * so that its failure lines say which case and which process they are from. */
+void ft_name_process(const char* test, const char* role);
 
 __attribute__((noreturn, format(printf, 3, 4))) void ft_fail_at(const char* file, int line, const char* fmt, ...);
 

@@ -103,6 +103,7 @@ static __attribute__((noreturn)) void helper_window(ft_side* s, ft_conn* c, ft_p
 
 static __attribute__((noreturn)) void helper_main(int fd, int mode) {
   ft_set_fail_hook(helper_fail);
+  ft_name_process(criterion_current_test ? criterion_current_test->name : "?", "helper");
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   signal(SIGALRM, SIG_DFL);
   alarm(120);
