@@ -56,11 +56,24 @@ enum {
   FAB_COLL_STAGED = 5,     /* a chunk landed in the target's staging slot (value: the slot) */
   FAB_COLL_ACK_STAGED = 6, /* chunks the target has copied out of its staging ring */
 };
-/* Puts carry their number (mod 2^24); a target tracks which landed in a
- * window of FAB_COLL_PUT_WINDOW past the prefix that all did, and a source
- * never runs further ahead of the prefix the target acknowledged. */
-enum { FAB_COLL_PUT_WINDOW = 1 << 16 };
-static inline uint32_t fab_coll_cq_low(unsigned kind, uint32_t value) { return (uint32_t)kind << 28 | (value & 0xffffff); }
+/* Values ride in 11 bits, so that a write's whole identity fits the 4 bytes
+ * of remote CQ data EFA and verbs carry (transports/rdma/rd_proto.h): puts
+ * carry their number mod 2^11; a target tracks which landed in a window of
+ * FAB_COLL_PUT_WINDOW past the prefix that all did, and a source never runs
+ * further ahead of the prefix the target acknowledged. Counts acknowledged
+ * are widened against the receiver's own, never 2^10 apart. */
+enum { FAB_COLL_VALUE_BITS = 11, FAB_COLL_VALUE_MASK = (1u << FAB_COLL_VALUE_BITS) - 1 };
+enum { FAB_COLL_PUT_WINDOW = 1 << 9 };
+/* The room a put of n chunks (numbered puts) waits for before it is queued:
+ * at most 3/4 of the window, since a target acknowledges every quarter and
+ * may hold up to a quarter landed but unacknowledged; a larger put's chunks
+ * each wait for theirs as the staging pump posts them. */
+static inline uint64_t fab_coll_window_need(uint64_t n) {
+  return n < FAB_COLL_PUT_WINDOW / 4 * 3 ? n : FAB_COLL_PUT_WINDOW / 4 * 3;
+}
+static inline uint32_t fab_coll_cq_low(unsigned kind, uint32_t value) {
+  return (uint32_t)kind << 28 | (value & FAB_COLL_VALUE_MASK);
+}
 
 /* One signal record, written into the target's ring slot seq % FAB_COLL_RING. */
 typedef struct fab_coll_sig {

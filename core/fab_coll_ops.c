@@ -181,7 +181,7 @@ static int ring_room(fab_coll_peer* p, uint32_t seq) {
 static fab_result post_sig(fab_coll_req* r) {
   fab_coll_peer* p = r->peer;
   uint32_t slot = r->sig.seq % FAB_COLL_RING;
-  uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_SIGNAL, slot));
+  uint64_t data = rd_cq_data(p->sc, RD_DATA, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_SIGNAL, slot));
   int64_t deadline = 0;
   ssize_t rc;
   do rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &r->sig, sizeof(r->sig), &p->ring,
@@ -203,7 +203,7 @@ void fab_coll_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_e
 static fab_result post_ack(fab_coll* g, fab_coll_peer* p, unsigned kind, uint64_t value) {
   atomic_store_explicit(&p->ack_inflight, 1, memory_order_relaxed);
   p->ack_word = value;
-  uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT, fab_coll_cq_low(kind, (uint32_t)value));
+  uint64_t data = rd_cq_data(p->sc, RD_DATA, RD_ONESIDED_SLOT, fab_coll_cq_low(kind, (uint32_t)value));
   ssize_t rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &p->ack_word, sizeof(p->ack_word), &p->ring,
                                         FAB_COLL_RING * sizeof(fab_coll_sig), data, &p->ack_op);
   if (rc == 0) return FAB_OK;
@@ -257,7 +257,8 @@ static int serve_gets(fab_coll* g, fab_coll_peer* p) {
       return 0;
     }
     uint64_t nchunks = fab_coll_stage_chunks(p, a.size, 1);
-    if (p->puts_posted + nchunks - atomic_load_explicit(&p->puts_acked, memory_order_acquire) > FAB_COLL_PUT_WINDOW)
+    if (p->puts_posted + fab_coll_window_need(nchunks) - atomic_load_explicit(&p->puts_acked, memory_order_acquire) >
+        FAB_COLL_PUT_WINDOW)
       return 1; /* once the peer acknowledges more of our puts */
     pthread_mutex_lock(&g->target_ep->lock);
     fab_coll_win* w = a.window < g->nwins ? g->wins[a.window] : NULL;
@@ -490,7 +491,7 @@ static int put_window_room(op_target* t, uint64_t n) {
 static fab_result post_staged(op_target* t, fab_coll_req* r, fab_coll_win* src, uint64_t src_off, size_t size,
                               fab_coll_win* dst, uint64_t dst_off, uint64_t nchunks, int ring) {
   fab_coll_peer* p = t->p;
-  if (put_window_room(t, nchunks) != 0) {
+  if (put_window_room(t, fab_coll_window_need(nchunks)) != 0) {
     for (uint64_t i = 0; i < nchunks; i++) not_posted(r, 0, -FI_ETIMEDOUT, "iput");
     return r->result;
   }
@@ -535,7 +536,7 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
       return not_posted(r, 0, -FI_ETIMEDOUT, sw ? "iputSignal" : "iput");
     }
     int64_t deadline = 0;
-    uint64_t data = rd_cq_data(RD_DATA, p->sc->peer_id, RD_ONESIDED_SLOT,
+    uint64_t data = rd_cq_data(p->sc, RD_DATA, RD_ONESIDED_SLOT,
                                fab_coll_cq_low(FAB_COLL_PUT, (uint32_t)p->puts_posted));
     deadline = 0;
     ssize_t rc;

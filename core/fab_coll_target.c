@@ -95,10 +95,10 @@ static int apply(fab_coll_peer* p, const fab_coll_sig* s, int can_gpu) {
   return fab_coll_gpu_signal(g, w, s->offset, add, "rmaProgress") == FAB_OK ? 1 : -1;
 }
 
-/* Put number (mod 2^24) v landed: advance the prefix over every put in.
+/* Put number (mod 2^11) v landed: advance the prefix over every put in.
  * 0 when v lies beyond the window (the peer ignored our acknowledgements). */
 static int put_landed(fab_coll_peer* p, uint32_t v) {
-  uint64_t n = p->puts_landed + ((v - (uint32_t)p->puts_landed) & 0xffffff);
+  uint64_t n = p->puts_landed + ((v - (uint32_t)p->puts_landed) & FAB_COLL_VALUE_MASK);
   uint64_t off = n - p->puts_landed;
   if (off >= FAB_COLL_PUT_WINDOW) return 0;
   uint64_t* seen = p->put_seen;
@@ -141,17 +141,17 @@ static void apply_ready(fab_coll_peer* p, int can_gpu) {
   }
 }
 
-/* How far a 24-bit acknowledged count v is ahead of what we hold (negative:
- * an older acknowledgement, dispatched after a newer one). */
+/* How far an acknowledged count v (mod 2^11) is ahead of what we hold
+ * (negative: an older acknowledgement, dispatched after a newer one). */
 static int32_t ack_delta(uint32_t v, uint32_t acked) {
-  uint32_t d = (v - acked) & 0xffffff;
-  return d & 0x800000 ? (int32_t)d - 0x1000000 : (int32_t)d;
+  uint32_t d = (v - acked) & FAB_COLL_VALUE_MASK;
+  return d >> (FAB_COLL_VALUE_BITS - 1) ? (int32_t)d - (int32_t)(1u << FAB_COLL_VALUE_BITS) : (int32_t)d;
 }
 
 void fab_coll_target_landed(fab_comm* rc, uint32_t low) {
   fab_coll_peer* p = rc->onesided_arg;
   if (!p || p->bad[0] || atomic_load(&p->coll->failed)) return;
-  uint32_t v = low & 0xffffff;
+  uint32_t v = low & FAB_COLL_VALUE_MASK;
   switch (low >> 28) {
     case FAB_COLL_PUT:
       if (!put_landed(p, v)) return bad_peer(p, "a put numbered beyond its window");

@@ -70,7 +70,9 @@ static struct fi_info* query_ordered(const char* prov, const fab_transport_ops* 
   }
   *rc = fi_getinfo(api_version(), NULL, NULL, 0, hints, &info);
   fi_freeinfo(hints);
-  return *rc ? NULL : info;
+  if (*rc) return NULL;
+  fab_nic_profile_apply(info);
+  return info;
 }
 
 static struct fi_info* query(const char* prov, const fab_transport_ops* t, uint64_t extra, int* rc) {
@@ -84,6 +86,8 @@ static const char* reject_reason(const struct fi_info* fi, const fab_transport_o
   uint64_t caps = CORE_CAPS | t->needs.caps;
   if ((fi->caps & caps) != caps) return "lacks capabilities the transport needs";
   if (fi->domain_attr->cq_data_size < t->needs.cq_data_size) return "too little remote CQ data";
+  if (fi->domain_attr->cq_data_size < 8 && t->needs.cq_data_size && !fab_reports_write_len(fi))
+    return "4 bytes of remote CQ data, and the provider does not report a remote write's length";
   if (t->needs.mr_key_size && fi->domain_attr->mr_key_size > t->needs.mr_key_size) return "remote keys too long";
   if (fi->tx_attr->inject_size < t->needs.min_inject) return "inject size too small for the transport";
   if (fi->domain_attr->mr_mode & FI_MR_ENDPOINT) return "needs FI_MR_ENDPOINT";
@@ -183,6 +187,8 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   d->mr_access = t->needs.mr_access;
   d->reg_host = d->mr_local || t->needs.reg_host;
   d->inject_size = fi->tx_attr->inject_size;
+  d->cq_narrow = t->needs.cq_data_size && fi->domain_attr->cq_data_size < 8;
+  if (d->cq_narrow && d->tags.conn_max > t->needs.conn_max_narrow) d->tags.conn_max = t->needs.conn_max_narrow;
   const char* prov = fi->fabric_attr->prov_name;
   d->write_flags = write_flags(prov);
   d->prov_hash = (uint32_t)fab_fnv1a(FAB_FNV_SEED, prov, strlen(prov));
@@ -198,8 +204,9 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   fab_g.nphys = idx + 1;
   atomic_store(&fab_g.ndevs, idx + 1);
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
-           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s, maxP2pBytes %zu, pci %s",
+           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s%s, maxP2pBytes %zu, pci %s",
            idx, prov, d->name, d->ops->name, d->tags.bits, fi->domain_attr->mr_mode, d->hmem ? ", FI_HMEM" : "",
+           d->cq_narrow ? ", 4 bytes of remote CQ data" : "",
            d->write_flags ? ", writes complete on delivery" : "",
            d->props.max_p2p_bytes, d->pci_path ? d->pci_path : "(none)");
   return 0;

@@ -130,6 +130,7 @@ typedef struct fab_device {
   uint64_t mr_access;    /* access flags of every registration: what the transport needs */
   int reg_host;          /* host memory is registered (FI_MR_LOCAL, or remote access needed) */
   size_t inject_size;    /* largest fi_inject / fi_inject_write */
+  int cq_narrow;         /* the provider carries 4 bytes of remote CQ data, not 8 (EFA, verbs) */
   int local_only;        /* no FI_REMOTE_COMM: a further send comm to a peer gets its own endpoint */
   int ordered_writes;    /* FI_ORDER_WAW asked and granted: RMA writes to a peer are placed in order */
   uint64_t write_flags;  /* FI_DELIVERY_COMPLETE where a write would complete before the peer holds it */
@@ -375,6 +376,12 @@ static inline const char* fab_device_provider(const fab_device* d) {
   const fab_device* c = d->physical ? d : fab_g.devs[d->carrier];
   return c->info->fabric_attr->prov_name;
 }
+
+/* fab_nic_profile.c: FABRIC_NIC_PROFILE (test only) narrows what fi_getinfo
+ * returned to another NIC's limits; and whether a provider reports a remote
+ * write's length in its completion. */
+void fab_nic_profile_apply(struct fi_info* list);
+int fab_reports_write_len(const struct fi_info* fi);
 
 /* fab_device.c: discovery asks for what the candidate transports need, in
  * order of preference (fab_transport.c), and gives each device the first

@@ -27,7 +27,9 @@ typedef struct fab_transport_needs {
   uint64_t caps;         /* capability bits asked of fi_getinfo (primary caps) */
   uint64_t msg_order;    /* ordering bits asked of tx and rx */
   uint64_t mr_access;    /* access flags of every registration */
-  size_t cq_data_size;   /* bytes of remote CQ data it sends (0: none) */
+  size_t cq_data_size;   /* fewest bytes of remote CQ data it can work with (0: none) */
+  uint32_t conn_max_narrow; /* with fewer than 8 bytes of CQ data: the largest connection id it can name, and
+                             * it needs the provider to report a remote write's length (0: no such mode) */
   size_t mr_key_size;    /* largest remote key it can carry (0: no remote keys) */
   size_t min_inject;     /* smallest inject size it can live with */
   int tagged;            /* needs enough tag bits for fab_tag_layout */

@@ -24,6 +24,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->stripe_threshold = 4194304u;
   params->stripe_size = 131072u;
   snprintf(params->transport, sizeof params->transport, "%s", "auto");
+  snprintf(params->nic_profile, sizeof params->nic_profile, "%s", "");
   params->delivery_complete = -1;
   params->gpu_memory = -1;
   params->eager_max = 0u;
@@ -230,6 +231,15 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
     }
   }
 
+  if ((s = getenv("FABRIC_NIC_PROFILE")) != NULL) {
+    if (strlen(s) >= sizeof params->nic_profile) {
+      complain(errbuf, errbuf_size, "FABRIC_NIC_PROFILE is longer than %d bytes; using the default", FAB_PARAM_STRING_MAX - 1);
+      bad++;
+    } else {
+      memcpy(params->nic_profile, s, strlen(s) + 1);
+    }
+  }
+
   if ((s = getenv("FABRIC_DELIVERY_COMPLETE")) != NULL) {
     long long v;
     if (parse_int(s, &v) != 0) {
@@ -284,8 +294,8 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
     if (parse_int(s, &v) != 0) {
       complain(errbuf, errbuf_size, "FABRIC_RMA_STAGE_SLOTS=%s is not an integer; using 8", s);
       bad++;
-    } else if (v < 2 || v > 1024) {
-      complain(errbuf, errbuf_size, "FABRIC_RMA_STAGE_SLOTS=%s is outside %d..%d; using 8", s, 2, 1024);
+    } else if (v < 2 || v > 512) {
+      complain(errbuf, errbuf_size, "FABRIC_RMA_STAGE_SLOTS=%s is outside %d..%d; using 8", s, 2, 512);
       bad++;
     } else {
       params->rma_stage_slots = (int)v;

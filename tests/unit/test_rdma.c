@@ -49,9 +49,17 @@ static void close_conn(conn* c) {
 }
 
 /* What a peer's write with remote CQ data looks like to our endpoint. */
-static void forge(fab_comm* target, uint64_t data) {
+/* A peer's write whose CQ data says `word` (rd_proto.h's logical word),
+ * in the device's wire format, with the length such a write would have. */
+static void forge(fab_comm* target, uint64_t word) {
   fab_endpoint* ep = target->ep;
-  fab_cqe e = {.op_context = NULL, .flags = FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA, .data = data};
+  unsigned type = rd_cq_type(word);
+  uint32_t slot = rd_cq_slot(word);
+  size_t len = sizeof(uint64_t);
+  if (type == RD_DATA && slot != RD_ONESIDED_SLOT) len = rd_cq_low(word);
+  if (type == RD_EAGER && slot != RD_ACK_SLOT) len = sizeof(rd_eager_hdr) + rd_cq_low(word);
+  fab_cqe e = {.op_context = NULL, .flags = FI_REMOTE_WRITE | FI_RMA | FI_REMOTE_CQ_DATA, .len = len,
+               .data = rd_cq_wire(ep->dev->cq_narrow, word)};
   pthread_mutex_lock(&ep->lock);
   ep->dev->remote_data(ep, &e);
   pthread_mutex_unlock(&ep->lock);
@@ -92,15 +100,15 @@ static void forged_data(const char* prov) {
   fab_req* r = q;
   uint32_t id = c.rc->local_id;
   ut_reset_warns();
-  forge(c.rc, rd_cq_data(RD_DATA, id + 1000, 0, 8)); /* no such connection (closed meanwhile): ignored */
+  forge(c.rc, rd_cq_word(RD_DATA, id + 1000, 0, 8)); /* no such connection (closed meanwhile): ignored */
   cr_assert_eq(ut_warns(), 0, "a write for a closed connection is not an error");
   cr_assert_eq(c.rc->error, FAB_OK, "a write naming another connection does not fail this one");
   ut_reset_warns();
-  forge(c.rc, rd_cq_data(RD_DATA, id, (r->pool_index << 3) | 5, 8)); /* buffer 5 of a 1-buffer receive */
+  forge(c.rc, rd_cq_word(RD_DATA, id, (r->pool_index << 3) | 5, 8)); /* buffer 5 of a 1-buffer receive */
   cr_assert_eq(ut_warns(), 1);
   cr_assert_eq(c.rc->error, FAB_ERR_REMOTE, "a write naming a buffer that is not posted fails the connection");
-  forge(c.rc, rd_cq_data(RD_DATA, id, r->pool_index << 3, 65)); /* larger than the buffer */
-  forge(c.rc, rd_cq_data(RD_DATA, id, 40 << 3, 8));              /* a request never used */
+  forge(c.rc, rd_cq_word(RD_DATA, id, r->pool_index << 3, 65)); /* larger than the buffer */
+  forge(c.rc, rd_cq_word(RD_DATA, id, 40 << 3, 8));              /* a request never used */
   cr_assert_eq(ut_warns(), 1, "a failed connection does not log every further forgery");
   for (int i = 0; i < LEN; i++) cr_assert_eq((unsigned char)rb[i], 0x5a, "byte %d was written", i);
   int done = 0;
@@ -133,7 +141,7 @@ static void duplicate_data(const char* prov) {
   cr_assert_eq(got, 100);
   cr_assert_eq(wait_req(sq, NULL), FAB_OK);
   ut_reset_warns();
-  forge(c.rc, rd_cq_data(RD_DATA, c.rc->local_id, slot, 100));
+  forge(c.rc, rd_cq_word(RD_DATA, c.rc->local_id, slot, 100));
   cr_assert_eq(ut_warns(), 1);
   cr_assert_eq(c.rc->error, FAB_ERR_REMOTE, "a second write for a completed receive fails the connection");
   cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
@@ -161,8 +169,8 @@ static void forged_announcement(const char* prov, int which) {
   if (which == 2) bad.check ^= 1;                 /* garbage */
   s->box[0] = bad;
   ut_reset_warns();
-  forge(c.sc, rd_cq_data(RD_CTRL, c.sc->local_id, 0, 0));
-  forge(c.sc, rd_cq_data(RD_CTRL, c.sc->local_id, 0, RD_SLOTS)); /* a mailbox entry out of range */
+  forge(c.sc, rd_cq_word(RD_CTRL, c.sc->local_id, 0, 0));
+  forge(c.sc, rd_cq_word(RD_CTRL, c.sc->local_id, 0, RD_SLOTS)); /* a mailbox entry out of range */
   cr_assert_eq(ut_warns(), 1, "the connection fails with one WARN");
   cr_assert_eq(c.sc->error, FAB_ERR_REMOTE);
   ut_reset_warns();
@@ -190,7 +198,7 @@ static void forged_entry(const char* prov, int which) {
   if (which == 3) bad.size = (uint64_t)1 << 40;
   s->box[0] = bad;
   ut_reset_warns();
-  forge(c.sc, rd_cq_data(RD_CTRL, c.sc->local_id, 0, 0));
+  forge(c.sc, rd_cq_word(RD_CTRL, c.sc->local_id, 0, 0));
   fab_result rc = api->isend(c.s, sb, 64, 1, smh, NULL, &sq);
   cr_assert_neq(rc, FAB_OK, "a malformed announcement (case %d) fails the send", which);
   cr_assert_eq(sq, NULL, "nothing was posted");
@@ -518,3 +526,84 @@ static void deregistered_window(const char* prov) {
 
 Test(rdma, deregistered_window_tcp) { deregistered_window("tcp"); }
 Test(rdma, deregistered_window_shm) { deregistered_window("shm"); }
+
+/* --- the narrow (4-byte) CQ data format (rd_proto.h) ------------------------------- */
+
+/* Every kind of word survives the narrow format: what the target reads back
+ * is what the writer meant, with the sizes from the completion's length. */
+Test(rdma_format, narrow_round_trip) {
+  const uint32_t id = RD_NARROW_ID_MAX;
+  struct {
+    uint64_t word;
+    uint64_t len;
+  } cases[] = {
+      {rd_cq_word(RD_CTRL, id, 0, 511), 48},                               /* an announcement in entry 511 */
+      {rd_cq_word(RD_CTRL, id, 0, RD_NO_ENTRY | 0x3fffu << 16), 8},      /* credits only, every slot */
+      {rd_cq_word(RD_DATA, id, 0x3fd, 1u << 30), 1u << 30},               /* a 1 GiB write, last slot */
+      {rd_cq_word(RD_DATA, id, 0, 0), 0},                                 /* an empty message */
+      {rd_cq_word(RD_DATA, 7, RD_ONESIDED_SLOT, 6u << 28 | 0x7ff), 8},   /* one-sided, largest kind and value */
+      {rd_cq_word(RD_EAGER, id, 13, 4096), sizeof(rd_eager_hdr) + 4096}, /* eager slot 13 */
+      {rd_cq_word(RD_EAGER, id, RD_ACK_SLOT, 0x3fff), 8},                 /* an acknowledgement, mod 2^14 */
+      {rd_cq_word(RD_TRUNC, id, 0x155, 0), 0},                            /* ABANDONED */
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    uint64_t wire = rd_cq_wire(1, cases[i].word), back = 0;
+    cr_assert_eq(wire >> 32, 0, "case %zu: the narrow word has more than 32 bits", i);
+    cr_assert_eq(rd_cq_widen(wire, cases[i].len, &back), 0, "case %zu refused", i);
+    cr_expect_eq(back, cases[i].word, "case %zu: 0x%llx came back as 0x%llx", i, (unsigned long long)cases[i].word,
+                 (unsigned long long)back);
+    cr_expect_eq(rd_cq_wire(0, cases[i].word), cases[i].word, "case %zu: the 8-byte format is the word itself", i);
+  }
+  /* a refused size is not carried: the receive still fails as truncated */
+  uint64_t back = 0;
+  cr_assert_eq(rd_cq_widen(rd_cq_wire(1, rd_cq_word(RD_TRUNC, 3, 8, 70000)), 0, &back), 0);
+  cr_expect_eq(rd_cq_low(back), RD_SIZE_UNKNOWN);
+}
+
+/* Words no writer of ours sends are refused before anything is looked up. */
+Test(rdma_format, narrow_refuses_malformed) {
+  uint64_t out;
+  cr_expect_neq(rd_cq_widen(1ull << 32, 8, &out), 0, "more than 32 bits");
+  cr_expect_neq(rd_cq_widen((uint64_t)RD_DATA << 30 | 0x400, 8, &out), 0, "a data slot past 10 bits");
+  cr_expect_neq(rd_cq_widen((uint64_t)RD_EAGER << 30 | 3, 8, &out), 0, "an eager message shorter than its header");
+  cr_expect_neq(rd_cq_widen((uint64_t)RD_TRUNC << 30 | 0x800, 0, &out), 0, "a truncation slot past 10 bits");
+  cr_expect_neq(rd_cq_widen((uint64_t)RD_DATA << 30, 1ull << 32, &out), 0, "a length past 32 bits");
+}
+
+/* Counts sent mod 2^14 are widened against the receiver's, either way. */
+Test(rdma_format, counts_widen) {
+  cr_expect_eq(rd_widen_count(5, 0xfffffff0u), 0x100000005u & 0xffffffffu); /* across the 32-bit wrap */
+  cr_expect_eq(rd_widen_count(0x3fff & 100, 0x12340000u + 90), 0x12340000u + 100);
+  cr_expect_eq(rd_widen_count(0x3fff & 80, 0x12340000u + 90), 0x12340000u + 80); /* an older one */
+  cr_expect_eq(rd_widen_count((0x12344000u + 3) & 0x3fff, 0x12343ff0u), 0x12344003u);
+}
+
+/* FABRIC_NIC_PROFILE=efa: 4 bytes of CQ data. shm reports write lengths, so
+ * the rdma transport runs there in the narrow format; libfabric 1.x's tcp
+ * reports none, so auto takes sendrecv there and names why. */
+Test(rdma_format, efa_profile_on_shm) {
+  setenv("FABRIC_NIC_PROFILE", "efa", 1);
+  cr_assert_eq(chosen("shm", "rdma"), &fab_rdma_ops);
+  ut_use_provider("shm");
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_expect(fab_g.devs[0]->cq_narrow, "the device uses the narrow format");
+  cr_expect_leq(fab_g.devs[0]->tags.conn_max, RD_NARROW_ID_MAX, "connection ids fit 15 bits");
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+}
+
+Test(rdma_format, efa_profile_on_tcp) {
+  setenv("FABRIC_NIC_PROFILE", "efa", 1);
+  const fab_transport_ops* want = FI_MAJOR(fi_version()) < 2 ? &fab_sendrecv_ops : &fab_rdma_ops;
+  cr_expect_eq(chosen("tcp", "auto"), want);
+}
+
+Test(rdma_format, no_profile_is_wide) {
+  unsetenv("FABRIC_NIC_PROFILE");
+  ut_use_provider("shm");
+  setenv("FABRIC_TRANSPORT", "rdma", 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_expect(!fab_g.devs[0]->cq_narrow, "shm carries 8 bytes of CQ data");
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+}

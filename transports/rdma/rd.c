@@ -45,7 +45,8 @@ static void rd_comm_fini(fab_comm* c) {
 
 static size_t rd_connect_payload(fab_comm* c, void* buf, size_t cap) {
   rd_scomm* s = rd_s(c);
-  rd_hello h = {.box_addr = s->box_mr.win.addr, .box_key = s->box_mr.win.key, .box_slots = RD_SLOTS};
+  rd_hello h = {.box_addr = s->box_mr.win.addr, .box_key = s->box_mr.win.key, .box_slots = RD_SLOTS,
+               .cq_bytes = rd_cq_bytes(c)};
   _Static_assert(sizeof(h) <= FAB_TP_MAX, "rd_hello fits the handshake");
   memcpy(buf, &h, sizeof(h));
   return sizeof(h);
@@ -66,6 +67,11 @@ static fab_result rd_accept_payload(fab_comm* c, const void* in, size_t in_len, 
              c->peer_name, h.box_slots, RD_SLOTS);
     return FAB_ERR_REMOTE;
   }
+  if (h.cq_bytes != rd_cq_bytes(c)) {
+    FAB_WARN("accept: refused %s: it writes %u bytes of remote CQ data, this rank %u; every rank must use the same "
+             "provider with the same settings (FABRIC_NIC_PROFILE)", c->peer_name, h.cq_bytes, rd_cq_bytes(c));
+    return FAB_ERR_REMOTE;
+  }
   rd_rcomm* r = rd_r(c);
   r->box = (fab_window){.addr = h.box_addr, .len = RD_SLOTS * sizeof(rd_ctrl) + RD_SCRATCH, .key = h.box_key};
   *out_len = rd_eager_welcome(c, out, cap);
@@ -77,6 +83,11 @@ static fab_result rd_accept_payload(fab_comm* c, const void* in, size_t in_len, 
 /* A peer's write landed. ep lock held: a comm is freed only under it. */
 static void rd_remote_data(fab_endpoint* ep, const fab_cqe* e) {
   uint64_t d = e->data;
+  if (ep->dev->cq_narrow && rd_cq_widen(e->data, e->len, &d) != 0) {
+    FAB_INFO(FAB_SUBSYS_NET, "ignored an RDMA write on %s whose CQ data 0x%llx no writer of ours sends",
+             ep->dev->name, (unsigned long long)e->data);
+    return;
+  }
   fab_comm* c = fab_ep_id_get(ep, rd_cq_comm(d));
   if (!c || c->ops != &fab_rdma_ops) {
     /* a write for a connection closed meanwhile (its receives ended at
@@ -164,7 +175,8 @@ const fab_transport_ops fab_rdma_ops = {
         {
             .caps = FI_MSG | FI_TAGGED | FI_RMA | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ,
             .mr_access = FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ,
-            .cq_data_size = 8,
+            .cq_data_size = 4,
+            .conn_max_narrow = RD_NARROW_ID_MAX,
             .mr_key_size = 8,
             .min_inject = sizeof(rd_ctrl),
             .tagged = 1,

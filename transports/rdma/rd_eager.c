@@ -1,13 +1,13 @@
 /*
  * The rdma transport's eager path: a send of at most FABRIC_EAGER_MAX bytes
  * whose buffer has not been announced yet is written at once into one of the
- * receiver's 16 ring slots (header + payload, one write with CQ data) instead
+ * receiver's RD_EAGER_SLOTS (14) ring slots (header + payload, one write with CQ data) instead
  * of waiting; the receive copies it out. See rd.h for the matching rule that
  * makes the two paths agree.
  *
- * Credits: the sender writes only slots the receiver gave back (16 at the
- * start); the receiver returns copied-out slots in the CQ data of its next
- * announcement, or on their own once a quarter of the ring waits. Without a
+ * Credits: the sender writes only slots the receiver gave back (all at the
+ * start); the receiver returns copied-out slots in its next announcement's
+ * entry, or on their own (in CQ data) once a quarter of the ring waits. Without a
  * credit a send simply takes the announced path: eager never makes anyone wait.
  *
  * Mailbox flow control: the announcement of a buffer an eager message served
@@ -112,7 +112,7 @@ fab_result rd_eager_connected(fab_comm* c, const void* in, size_t len) {
   s->slot_size = w.slot_size;
   size_t max = w.slot_size - sizeof(rd_eager_hdr);
   s->eager_max = (uint32_t)(fab_g.params.eager_max < max ? fab_g.params.eager_max : max);
-  s->ring_free = 0xffff;
+  s->ring_free = (uint16_t)((1u << RD_EAGER_SLOTS) - 1);
   return FAB_OK;
 }
 
@@ -132,7 +132,7 @@ ssize_t rd_eager_post(fab_comm* c, fab_req* r) {
   memcpy(st + sizeof(h), q->data, r->size);
   size_t total = sizeof(h) + r->size;
   uint64_t off = (uint64_t)slot * s->slot_size;
-  uint64_t data = rd_cq_data(RD_EAGER, c->peer_id, (uint32_t)slot, (uint32_t)r->size);
+  uint64_t data = rd_cq_data(c, RD_EAGER, (uint32_t)slot, (uint32_t)r->size);
   ssize_t rc;
   if (total <= c->ep->dev->inject_size) { /* the provider copies it: the slot is free on return */
     rc = fab_rma_inject_writedata(c->ep, c->peer, st, total, &s->ring, off, data, &q->op);
@@ -153,13 +153,15 @@ ssize_t rd_eager_post(fab_comm* c, fab_req* r) {
   return 0;
 }
 
-void rd_eager_credits(fab_comm* c, uint16_t slots) { rd_s(c)->ring_free |= slots; }
+void rd_eager_credits(fab_comm* c, uint16_t slots) {
+  rd_s(c)->ring_free |= (uint16_t)(slots & ((1u << RD_EAGER_SLOTS) - 1));
+}
 
 void rd_eager_ack_if_due(fab_comm* c) {
   rd_scomm* s = rd_s(c);
   if (!s->ring.len || !s->dropped) return;
   if (s->nwait == 0 && s->dropped < RD_SLOTS / 4) return;
-  uint64_t data = rd_cq_data(RD_EAGER, c->peer_id, RD_ACK_SLOT, s->next_index);
+  uint64_t data = rd_cq_data(c, RD_EAGER, RD_ACK_SLOT, s->next_index);
   if (fab_rma_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &s->ring,
                         (uint64_t)RD_EAGER_SLOTS * s->slot_size, data) != 0)
     return; /* next time */

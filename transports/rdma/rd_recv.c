@@ -30,10 +30,12 @@ static ssize_t announce(fab_comm* c, rd_rsub* b) {
   uint32_t entry = b->ctrl.index % RD_SLOTS;
   uint16_t credits = rc->credits; /* eager slots copied out: given back with this announcement */
   rc->credits = 0;
+  b->ctrl.credits = credits;
   ssize_t n = fab_rma_ctl_write(c, &b->ctrl, sizeof(b->ctrl), &rc->box, (uint64_t)entry * sizeof(rd_ctrl),
-                                rd_cq_data(RD_CTRL, c->peer_id, 0, entry | (uint32_t)credits << 16));
+                                rd_cq_data(c, RD_CTRL, 0, entry));
   if (n != 0) {
     rc->credits |= credits;
+    b->ctrl.credits = 0;
     return n;
   }
   int waiting = RD_SUB_WAITING; /* an eager message may have completed it already: then it stays done */
@@ -84,7 +86,7 @@ static void free_slot(fab_comm* c, uint32_t slot) {
   rd_rcomm* rc = rd_r(c);
   rc->credits |= (uint16_t)(1u << slot);
   if (__builtin_popcount(rc->credits) < RD_EAGER_SLOTS / 4) return;
-  uint64_t data = rd_cq_data(RD_CTRL, c->peer_id, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
+  uint64_t data = rd_cq_data(c, RD_CTRL, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
   if (fab_rma_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box, RD_SLOTS * sizeof(rd_ctrl),
                         data) == 0)
     rc->credits = 0;
@@ -96,8 +98,8 @@ static const char* slot_payload(rd_rcomm* rc, uint32_t slot) {
 
 void rd_recv_eager_landed(fab_comm* c, uint32_t slot, uint32_t size) {
   rd_rcomm* rc = rd_r(c);
-  if (slot == RD_ACK_SLOT) {
-    rd_recv_acked(c, size);
+  if (slot == RD_ACK_SLOT) { /* the count mod 2^14 (rd_proto.h) */
+    rd_recv_acked(c, rd_widen_count(size, atomic_load_explicit(&rc->acked, memory_order_relaxed)));
     return;
   }
   if (!rc->slot_size || slot >= RD_EAGER_SLOTS || (rc->ring_held >> slot & 1) ||
@@ -238,11 +240,12 @@ void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint
     if (src && size) copy_out(c, r, b, src, size);
     b->got = size;
   } else if (r->result == FAB_OK && !c->closing) {
-    char msg[320];
+    char msg[320], size_note[32] = ""; /* the narrow CQ data format does not carry a refused size */
+    if (size != RD_SIZE_UNKNOWN) snprintf(size_note, sizeof(size_note), " (%u bytes)", size);
     snprintf(msg, sizeof(msg),
-             "receive of %zu bytes (tag %d) from %s was truncated: the peer sent a larger message (%u bytes); a send "
-             "must not be larger than its receive",
-             b->size, b->ctrl.tag, c->peer_name, size);
+             "receive of %zu bytes (tag %d) from %s was truncated: the peer sent a larger message%s; a send must not "
+             "be larger than its receive",
+             b->size, b->ctrl.tag, c->peer_name, size_note);
     r->result = FAB_ERR_INVALID_USAGE;
     r->errmsg = strdup(msg);
     fab_comm_truncated(c);

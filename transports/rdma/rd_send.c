@@ -46,7 +46,7 @@ static void fail_send(fab_comm* c, fab_req* r, fab_result rc, const char* msg) {
 static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
   rd_ann* t = &rd_sq(r)->target;
   uint32_t size = r->size > UINT32_MAX ? UINT32_MAX : (uint32_t)r->size;
-  ssize_t rc = fab_rma_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(RD_TRUNC, c->peer_id, t->slot, size));
+  ssize_t rc = fab_rma_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(c, RD_TRUNC, t->slot, size));
   if (rc == -FI_EAGAIN) return rc;
   char msg[320];
   snprintf(msg, sizeof(msg),
@@ -64,7 +64,7 @@ static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
  * fails too, rather than waiting for data that never comes. */
 static ssize_t refuse_deregistered(fab_comm* c, fab_req* r) {
   rd_ann* t = &rd_sq(r)->target;
-  ssize_t rc = fab_rma_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(RD_TRUNC, c->peer_id, t->slot, 0));
+  ssize_t rc = fab_rma_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(c, RD_TRUNC, t->slot, 0));
   if (rc == -FI_EAGAIN) return rc;
   char msg[320];
   snprintf(msg, sizeof(msg),
@@ -82,7 +82,7 @@ static ssize_t post(fab_comm* c, fab_req* r) {
   if (FAB_UNLIKELY(q->held != NULL) && atomic_load_explicit(&q->held->gone, memory_order_acquire))
     return refuse_deregistered(c, r);
   if (FAB_UNLIKELY(r->size > q->target.win.len)) return refuse_truncated(c, r);
-  uint64_t data = rd_cq_data(RD_DATA, c->peer_id, q->target.slot, (uint32_t)r->size);
+  uint64_t data = rd_cq_data(c, RD_DATA, q->target.slot, (uint32_t)r->size);
   ssize_t rc;
   if (r->size <= c->ep->dev->inject_size) { /* the send is done when the provider says it went */
     rc = fab_rma_inject_writedata(c->ep, c->peer, q->data, r->size, &q->target.win, 0, data, &q->op);
@@ -149,6 +149,7 @@ static void consume(fab_comm* c) {
       return;
     }
     s->next_index = i + 1;
+    rd_eager_credits(c, e.credits);
     rd_ann a = {.win = {.addr = e.addr, .len = e.size, .key = e.key}, .index = e.index, .tag = e.tag, .k = e.k,
                 .slot = e.slot};
     if (e.k >= fab_tagmap_peek(&s->sent, e.tag)) { /* for a send still to come */
@@ -168,7 +169,7 @@ static void consume(fab_comm* c) {
 void rd_send_landed(fab_comm* c, uint32_t low) {
   uint32_t entry = low & 0xffff;
   rd_scomm* s = rd_s(c);
-  rd_eager_credits(c, (uint16_t)(low >> 16));
+  if (entry == RD_NO_ENTRY) rd_eager_credits(c, (uint16_t)(low >> 16)); /* else they ride in the entry */
   if (entry != RD_NO_ENTRY) {
     if (entry >= RD_SLOTS) {
       rd_protocol_error(c, "an announcement names a mailbox entry out of range");
