@@ -71,7 +71,8 @@ static struct fi_info* query_ordered(const char* prov, const fab_transport_ops* 
   *rc = fi_getinfo(api_version(), NULL, NULL, 0, hints, &info);
   fi_freeinfo(hints);
   if (*rc) return NULL;
-  fab_nic_profile_apply(info);
+  info = fab_nic_profile_apply(info, order);
+  if (!info) *rc = -FI_ENODATA;
   return info;
 }
 
@@ -179,7 +180,7 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   d->ops = t;
   d->remote_data = t->remote_data;
   fab_tag_layout_init(&d->tags, fi->ep_attr->mem_tag_format);
-  d->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL);
+  d->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL) || fab_nic_profile_mr_local();
   d->mr_hmem = !!(fi->domain_attr->mr_mode & FI_MR_HMEM);
   d->prov_key = !!(fi->domain_attr->mr_mode & FI_MR_PROV_KEY);
   d->hmem = !!(fi->caps & FI_HMEM);

@@ -378,10 +378,13 @@ static inline const char* fab_device_provider(const fab_device* d) {
 }
 
 /* fab_nic_profile.c: FABRIC_NIC_PROFILE (test only) narrows what fi_getinfo
- * returned to another NIC's limits; and whether a provider reports a remote
- * write's length in its completion. */
-void fab_nic_profile_apply(struct fi_info* list);
+ * returned (asked with ordering bits asked_order on top of the transport's)
+ * to another NIC's limits: the list, or NULL (freed) when that NIC would
+ * grant none; and whether a provider reports a remote write's length in its
+ * completion. */
+struct fi_info* fab_nic_profile_apply(struct fi_info* list, uint64_t asked_order);
 int fab_reports_write_len(const struct fi_info* fi);
+int fab_nic_profile_mr_local(void); /* the profile's NIC asks FI_MR_LOCAL (the engine honours it alone) */
 
 /* fab_device.c: discovery asks for what the candidate transports need, in
  * order of preference (fab_transport.c), and gives each device the first

@@ -7,18 +7,34 @@
  * source (docs/providers.md cites the lines).
  */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "fab_engine.h"
 
 typedef struct nic_profile {
   const char* name;
-  size_t cq_data_size; /* bytes of remote CQ data */
+  size_t cq_data_size;    /* bytes of remote CQ data */
+  int mr_local;           /* FI_MR_LOCAL: the engine registers every buffer and passes descriptors */
+  uint64_t msg_order;     /* the ordering bits it can grant (tx and rx) */
+  size_t inject_max;      /* its inject size, where smaller than the carrier's (0: the carrier's) */
+  size_t mr_key_size;     /* bytes of a remote key */
 } nic_profile;
 
+/* From libfabric's sources (ofiwg/libfabric, prov/efa/src/efa_prov_info.c and efa_cq.h, prov/verbs/src/
+ * verbs_info.c). FI_MR_LOCAL is the engine's to honour (every buffer registered, descriptors passed); the carrier
+ * is not told, since ofi_rxm over tcp's offset-addressed registrations does not handle it (received data came
+ * back zero), and EFA and verbs address by virtual address. FI_MR_PROV_KEY, FI_MR_VIRT_ADDR and FI_MR_ALLOCATED,
+ * which both ask too, cannot be imposed on a carrier that does not grant them (tcp would take two registrations
+ * with the same key), so the profiles leave them to the carrier: shm grants FI_MR_VIRT_ADDR. */
 static const nic_profile profiles[] = {
-    {"efa", 4},   /* prov/efa/src/efa_cq.h: EFA_CQ_DATA_SIZE */
-    {"verbs", 4}, /* prov/verbs/src/verbs_cq.c: the immediate data (imm_data) is 32 bits */
+    /* EFA_CQ_DATA_SIZE (4); the RDM entry's mr_mode has FI_MR_LOCAL; its msg_order is FI_ORDER_SAS and atomic
+     * orderings only (no write-after-write); inject: SHM_MAX_INJECT_SIZE (4096) where shm transfer is on;
+     * mr_key_size: an ibv_sge lkey (4 bytes) */
+    {"efa", 4, 1, FI_ORDER_SAS, 4096, 4},
+    /* cq_data_size: ibv_send_wr's imm_data (4 bytes); FI_MR_LOCAL; VERBS_MSG_ORDER keeps RMA write ordering
+     * (RC queue pairs), so the carrier's stays; mr_key_size: an ibv_sge lkey */
+    {"verbs", 4, 1, ~(uint64_t)0, 0, 4},
 };
 
 static const nic_profile* selected(void) {
@@ -33,11 +49,28 @@ static const nic_profile* selected(void) {
   return NULL;
 }
 
-void fab_nic_profile_apply(struct fi_info* list) {
+static void narrow(struct fi_info* fi, const nic_profile* p) {
+  if (fi->domain_attr->cq_data_size > p->cq_data_size) fi->domain_attr->cq_data_size = p->cq_data_size;
+  if (p->mr_key_size && fi->domain_attr->mr_key_size > p->mr_key_size) fi->domain_attr->mr_key_size = p->mr_key_size;
+  fi->tx_attr->msg_order &= p->msg_order;
+  fi->rx_attr->msg_order &= p->msg_order;
+  if (p->inject_max && fi->tx_attr->inject_size > p->inject_max) fi->tx_attr->inject_size = p->inject_max;
+}
+
+struct fi_info* fab_nic_profile_apply(struct fi_info* list, uint64_t asked_order) {
   const nic_profile* p = selected();
-  if (!p) return;
-  for (struct fi_info* fi = list; fi; fi = fi->next)
-    if (fi->domain_attr->cq_data_size > p->cq_data_size) fi->domain_attr->cq_data_size = p->cq_data_size;
+  if (!p || !list) return list;
+  if (asked_order & ~p->msg_order) { /* that NIC would grant no entry with this ordering */
+    fi_freeinfo(list);
+    return NULL;
+  }
+  for (struct fi_info* fi = list; fi; fi = fi->next) narrow(fi, p);
+  return list;
+}
+
+int fab_nic_profile_mr_local(void) {
+  const nic_profile* p = selected();
+  return p && p->mr_local;
 }
 
 /* Whether a remote write's completion says how many bytes it placed (fi_cq

@@ -587,8 +587,59 @@ Test(rdma_format, efa_profile_on_shm) {
   ut_use_provider("shm");
   fab_ctx* ctx;
   cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
-  cr_expect(fab_g.devs[0]->cq_narrow, "the device uses the narrow format");
-  cr_expect_leq(fab_g.devs[0]->tags.conn_max, RD_NARROW_ID_MAX, "connection ids fit 15 bits");
+  fab_device* d = fab_g.devs[0];
+  cr_expect(d->cq_narrow, "the device uses the narrow format");
+  cr_expect_leq(d->tags.conn_max, RD_NARROW_ID_MAX, "connection ids fit 15 bits");
+  cr_expect(d->mr_local, "EFA asks FI_MR_LOCAL: every buffer registered");
+  cr_expect_leq(d->inject_size, 4096, "EFA's inject size");
+  cr_expect_leq(d->info->domain_attr->mr_key_size, 4, "EFA's keys are 4 bytes");
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+}
+
+/* The profile's narrowing of an fi_getinfo answer, on a made-up entry with
+ * tcp's limits. */
+Test(rdma_format, efa_profile_narrows_an_entry) {
+  setenv("FABRIC_NIC_PROFILE", "efa", 1);
+  char err[256];
+  fab_params_load(&fab_g.params, err, sizeof(err));
+  struct fi_info* fi = fi_allocinfo();
+  fi->domain_attr->cq_data_size = 8;
+  fi->domain_attr->mr_key_size = 8;
+  fi->tx_attr->inject_size = 16384;
+  fi->tx_attr->msg_order = fi->rx_attr->msg_order = FI_ORDER_SAS | FI_ORDER_WAW | FI_ORDER_RAW;
+  struct fi_info* dup = fi_dupinfo(fi);
+  cr_expect_null(fab_nic_profile_apply(dup, FI_ORDER_WAW), "EFA grants no entry that orders writes");
+  fi = fab_nic_profile_apply(fi, 0);
+  cr_assert_not_null(fi);
+  cr_expect_eq(fi->domain_attr->cq_data_size, 4);
+  cr_expect_eq(fi->domain_attr->mr_key_size, 4);
+  cr_expect_eq(fi->tx_attr->inject_size, 4096);
+  cr_expect_eq(fi->tx_attr->msg_order, FI_ORDER_SAS);
+  cr_expect(fab_nic_profile_mr_local());
+  fi_freeinfo(fi);
+}
+
+/* verbs: the same CQ data and FI_MR_LOCAL; its RC queue pairs keep write ordering, so tcp's stays granted. */
+Test(rdma_format, verbs_profile) {
+  setenv("FABRIC_NIC_PROFILE", "verbs", 1);
+  ut_use_provider("shm");
+  setenv("FABRIC_TRANSPORT", "rdma", 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_expect(fab_g.devs[0]->cq_narrow && fab_g.devs[0]->mr_local);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+}
+
+/* An unknown profile: one WARN, and the provider's own limits. */
+Test(rdma_format, unknown_profile) {
+  setenv("FABRIC_NIC_PROFILE", "carrier-pigeon", 1);
+  ut_use_provider("shm");
+  setenv("FABRIC_TRANSPORT", "rdma", 1);
+  ut_reset_warns();
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_expect(!fab_g.devs[0]->cq_narrow);
+  cr_expect_eq(ut_warns(), 1, "one WARN names the unknown profile");
   cr_assert_eq(api->finalize(ctx), FAB_OK);
 }
 
