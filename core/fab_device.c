@@ -205,8 +205,10 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   fab_g.nphys = idx + 1;
   atomic_store(&fab_g.ndevs, idx + 1);
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
-           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s%s, maxP2pBytes %zu, pci %s",
-           idx, prov, d->name, d->ops->name, d->tags.bits, fi->domain_attr->mr_mode, d->hmem ? ", FI_HMEM" : "",
+           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s%s%s, maxP2pBytes %zu, pci %s",
+           idx, prov, d->name, d->ops->name, d->tags.bits, fi->domain_attr->mr_mode,
+           d->mr_local && !(fi->domain_attr->mr_mode & FI_MR_LOCAL) ? " (+FI_MR_LOCAL: FABRIC_NIC_PROFILE)" : "",
+           d->hmem ? ", FI_HMEM" : "",
            d->cq_narrow ? ", 4 bytes of remote CQ data" : "",
            d->write_flags ? ", writes complete on delivery" : "",
            d->props.max_p2p_bytes, d->pci_path ? d->pci_path : "(none)");
@@ -265,6 +267,8 @@ static int auto_avoids(const fab_transport_ops* t, const char* prov, int last) {
 }
 
 /* The most preferred candidate that can run on provider prov. */
+static const char* unfit_reason(const struct fi_info* list, const char* prov, const fab_transport_ops* t);
+
 static const fab_transport_ops* choose_transport(const fab_transport_ops* const* cands, int n, const char* prov) {
   for (int i = 0; i < n; i++) {
     if (auto_avoids(cands[i], prov, i + 1 == n)) {
@@ -275,10 +279,13 @@ static const fab_transport_ops* choose_transport(const fab_transport_ops* const*
     int rc;
     struct fi_info* all = query(prov, cands[i], 0, &rc);
     int ok = first_usable(all, cands[i], 0) != NULL;
+    if (!ok) {
+      const char* why = unfit_reason(all, prov, cands[i]);
+      FAB_INFO(FAB_SUBSYS_INIT, "transport %s cannot run on %s: %s%s", cands[i]->name, prov,
+               why ? why : "the provider offers no entry for it", i + 1 < n ? "; trying the next" : "");
+    }
     fi_freeinfo(all);
     if (ok) return cands[i];
-    FAB_INFO(FAB_SUBSYS_INIT, "transport %s cannot run on %s%s", cands[i]->name, prov,
-             i + 1 < n ? "; trying the next" : "");
   }
   return NULL;
 }

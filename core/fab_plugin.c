@@ -56,8 +56,13 @@ static fab_result engine_up(void) {
     FAB_INFO(FAB_SUBSYS_INIT, "reset the crash and SIGTERM handlers a PSM library installed during discovery "
              "(they write *.btr files and call exit()); see core/fab_signals.c");
   fab_g.up = 1;
-  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "engine up: %d devices on %s, CUDA %s", fab_g.nphys,
-           fab_device_provider(fab_g.devs[0]), fab_g.cuda_ok ? "usable" : "not usable");
+  const fab_device* d0 = fab_g.devs[0];
+  int onesided = d0->ops->id == FAB_TRANSPORT_RDMA;
+  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
+           "engine up: %d devices on %s, CUDA %s; one-sided calls (RMA, GIN proxy, Neuron iwrite/iread): %s%s",
+           fab_g.nphys, fab_device_provider(d0), fab_g.cuda_ok ? "usable" : "not usable",
+           onesided ? "yes" : "no: they need the rdma transport, and this device runs sendrecv",
+           onesided && d0->cq_narrow ? ", in the 4-byte CQ data format" : "");
   return FAB_OK;
 }
 
