@@ -4,6 +4,7 @@
  * Completion dispatch lives here: every operation's context is a fab_op whose
  * fn handles the completion.
  */
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,24 @@ static uint64_t process_nonce(void) {
   uint64_t expected = 0;
   if (!atomic_compare_exchange_strong(&name_nonce, &expected, n)) n = expected;
   return n;
+}
+
+/* Where GPU memory is in use, the provider is told not to call CUDA itself
+ * (EFA's shm path would copy GPU memory with the CUDA runtime from inside
+ * progress, which can deadlock against NCCL's kernels; the leading peer
+ * plugin asks the same). libfabric 1.18 and later; a provider without the
+ * option ignores it. */
+static void forbid_cuda_calls(fab_endpoint* ep) {
+#if FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 18))
+  if (!ep->dev->hmem || !fab_g.cuda_ok) return;
+  bool permitted = false;
+  int rc = fi_setopt(&ep->ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted, sizeof(permitted));
+  if (rc == -FI_ENOPROTOOPT || rc == -FI_ENOSYS) return;
+  FAB_INFO(FAB_SUBSYS_INIT, "%s: FI_OPT_CUDA_API_PERMITTED=false %s%s", ep->dev->name,
+           rc ? "refused: the provider may call CUDA itself: " : "set", rc ? fi_strerror(-rc) : "");
+#else
+  (void)ep; /* built against libfabric 1.17: the option does not exist there */
+#endif
 }
 
 /* "fabric_<pid>_<nonce>_": the prefix of every endpoint name of this process */
@@ -137,6 +156,7 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
   if (rc) return open_fail(ep, "fi_ep_bind(av)", rc);
   rc = name_endpoint(ep);
   if (rc) return open_fail(ep, "fi_setname", rc);
+  forbid_cuda_calls(ep);
   rc = fi_enable(ep->ep);
   if (rc) return open_fail(ep, "fi_enable", rc);
   size_t len = sizeof(ep->addr);
