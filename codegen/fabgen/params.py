@@ -22,6 +22,7 @@ class Param:
     min: int | None
     max: int | None
     doc: str
+    choices: list | None = None  # string parameters that name one of a few values (matched without case)
 
     @property
     def c_type(self):
@@ -72,7 +73,13 @@ class Param:
         return _human(self.default) if self.type == "size" else str(self.default)
 
     @property
+    def c_choices(self):
+        return ", ".join(_c_string(c) for c in self.choices)
+
+    @property
     def doc_range(self):
+        if self.choices:
+            return ", ".join(f"`{c}`" if c else "(empty)" for c in self.choices)
         if self.type in ("string", "bool"):
             return "0 or 1" if self.type == "bool" else ""
         lo = self.min if self.min is not None else None
@@ -108,7 +115,7 @@ def load(path, label=None):
 
 
 def _param(node, prefix):
-    node.keys({"name", "type", "default", "min", "max", "doc"}, {"name", "type", "default", "doc"})
+    node.keys({"name", "type", "default", "min", "max", "doc", "choices"}, {"name", "type", "default", "doc"})
     name = node.get("name", str)
     if not NAME.match(name):
         raise node.error(f"'{name}' is not an upper-case name (A-Z, 0-9, _)", "name")
@@ -134,10 +141,20 @@ def _param(node, prefix):
         raise node.error(f"default {default} is outside min/max", "default")
     if ptype == "string" and len(default.encode()) >= STRING_MAX:
         raise node.error(f"default is longer than {STRING_MAX - 1} bytes", "default")
+    choices = node.get("choices", list) if node.has("choices") else None
+    if choices is not None:
+        if ptype != "string":
+            raise node.error("choices apply to string parameters only", "choices")
+        if not choices or any(not isinstance(c, str) or c != c.lower() for c in choices):
+            raise node.error("choices must be a non-empty list of lower-case strings", "choices")
+        if len(set(choices)) != len(choices):
+            raise node.error("choices repeat a value", "choices")
+        if default not in choices:
+            raise node.error(f"default '{default}' is not one of the choices", "default")
     doc = node.get("doc", str).strip()
     if not doc:
         raise node.error("doc must say what the parameter does", "doc")
-    return Param(name, prefix + name, name.lower(), ptype, default, lo, hi, " ".join(doc.split()))
+    return Param(name, prefix + name, name.lower(), ptype, default, lo, hi, " ".join(doc.split()), choices)
 
 
 def _c_string(s):

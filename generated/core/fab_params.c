@@ -223,20 +223,26 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
   }
 
   if ((s = getenv("FABRIC_TRANSPORT")) != NULL) {
-    if (strlen(s) >= sizeof params->transport) {
-      complain(errbuf, errbuf_size, "FABRIC_TRANSPORT is longer than %d bytes; using the default", FAB_PARAM_STRING_MAX - 1);
+    static const char* const choices[] = {"auto", "rdma", "sendrecv"};
+    size_t i = 0;
+    while (i < sizeof choices / sizeof choices[0] && strcasecmp(s, choices[i]) != 0) i++;
+    if (i == sizeof choices / sizeof choices[0]) {
+      complain(errbuf, errbuf_size, "FABRIC_TRANSPORT=%s is not one of auto, rdma, sendrecv; using auto", s);
       bad++;
     } else {
-      memcpy(params->transport, s, strlen(s) + 1);
+      memcpy(params->transport, choices[i], strlen(choices[i]) + 1);
     }
   }
 
   if ((s = getenv("FABRIC_NIC_PROFILE")) != NULL) {
-    if (strlen(s) >= sizeof params->nic_profile) {
-      complain(errbuf, errbuf_size, "FABRIC_NIC_PROFILE is longer than %d bytes; using the default", FAB_PARAM_STRING_MAX - 1);
+    static const char* const choices[] = {"", "efa", "verbs"};
+    size_t i = 0;
+    while (i < sizeof choices / sizeof choices[0] && strcasecmp(s, choices[i]) != 0) i++;
+    if (i == sizeof choices / sizeof choices[0]) {
+      complain(errbuf, errbuf_size, "FABRIC_NIC_PROFILE=%s is not one of (empty), efa, verbs; using (empty)", s);
       bad++;
     } else {
-      memcpy(params->nic_profile, s, strlen(s) + 1);
+      memcpy(params->nic_profile, choices[i], strlen(choices[i]) + 1);
     }
   }
 

@@ -6,7 +6,7 @@
 #include "fab_params.h"
 
 static const char* const vars[] = {"FABTEST_NAME", "FABTEST_COUNT", "FABTEST_OFFSET",
-                                   "FABTEST_FLAG", "FABTEST_BYTES", "FABTEST_ANY_SIZE"};
+                                   "FABTEST_FLAG", "FABTEST_BYTES", "FABTEST_ANY_SIZE", "FABTEST_MODE"};
 
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
@@ -64,6 +64,24 @@ Test(params, bad_values_fall_back_and_are_reported) {
   cr_expect(strstr(err, "FABTEST_FLAG=maybe is not a boolean") != NULL, "%s", err);
   cr_expect(strstr(err, "FABTEST_BYTES=-1 is not a size") != NULL, "%s", err);
   cr_expect(strstr(err, "; ") != NULL, "complaints are separated");
+}
+
+/* A choice is matched without regard to case and stored as spelled in the
+ * table; anything else is one complaint and the default. */
+Test(params, choices) {
+  struct fab_params p;
+  char err[256];
+  cr_expect_str_eq((fab_params_load(&p, err, sizeof err), p.mode), "auto");
+  setenv("FABTEST_MODE", "FAST", 1);
+  cr_assert_eq(fab_params_load(&p, err, sizeof err), 0, "%s", err);
+  cr_expect_str_eq(p.mode, "fast");
+  setenv("FABTEST_MODE", "", 1);
+  cr_assert_eq(fab_params_load(&p, err, sizeof err), 0, "%s", err);
+  cr_expect_str_eq(p.mode, "", "the empty choice");
+  setenv("FABTEST_MODE", "fastest", 1);
+  cr_assert_eq(fab_params_load(&p, err, sizeof err), 1);
+  cr_expect_str_eq(p.mode, "auto");
+  cr_expect(strstr(err, "FABTEST_MODE=fastest is not one of auto, fast, (empty); using auto") != NULL, "%s", err);
 }
 
 Test(params, long_string_and_small_buffer) {

@@ -154,6 +154,21 @@ args = [{ name = "request", type = "void*", conv = "copy", to = "request" }]
             self.assertEqual(rc, 1)
             self.assertIn("params.toml: param[X].default: default 5 is outside min/max", err)
 
+    def test_bad_parameter_choices(self):
+        cases = [
+            ('type = "int"\ndefault = 1\nchoices = ["a"]', "param[X].choices: choices apply to string parameters only"),
+            ('type = "string"\ndefault = "a"\nchoices = ["a", "B"]', "choices must be a non-empty list of lower-case"),
+            ('type = "string"\ndefault = "c"\nchoices = ["a", "b"]', "param[X].default: default 'c' is not one of the choices"),
+        ]
+        for body, want in cases:
+            with TempDir() as tmp:
+                params = os.path.join(tmp, "params.toml")
+                with open(params, "w") as f:
+                    f.write('prefix = "FABRIC_"\n[[param]]\nname = "X"\n' + body + '\ndoc = "x"\n')
+                rc, _, err = run_generator("--params", params, "--out-dir", os.path.join(tmp, "out"))
+                self.assertEqual(rc, 1, body)
+                self.assertIn(want, err)
+
 
 class Check(unittest.TestCase):
     def test_check_detects_stale_and_missing_files(self):

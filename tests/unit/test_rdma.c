@@ -353,13 +353,23 @@ Test(rdma, auto_on_tcp) { cr_assert_eq(chosen("tcp", "auto"), &fab_rdma_ops); }
 Test(rdma, auto_on_shm) { cr_assert_eq(chosen("shm", "auto"), &fab_sendrecv_ops); }
 Test(rdma, named_on_shm) { cr_assert_eq(chosen("shm", "rdma"), &fab_rdma_ops); }
 Test(rdma, named_sendrecv_on_tcp) { cr_assert_eq(chosen("tcp", "sendrecv"), &fab_sendrecv_ops); }
+/* params.md's rule: a bad value is one WARN and the default (auto). */
 Test(rdma, unknown_transport) {
   ut_use_provider("tcp");
   setenv("FABRIC_TRANSPORT", "carrier-pigeon", 1);
   fab_ctx* ctx;
   ut_reset_warns();
-  cr_assert_neq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
-  cr_assert_geq(ut_warns(), 1);
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_expect_eq(ut_warns(), 1);
+  cr_expect_eq(fab_g.devs[0]->ops, &fab_rdma_ops, "auto's choice on tcp");
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+}
+
+Test(rdma, transport_name_without_case) {
+  ut_reset_warns();
+  cr_expect_eq(chosen("shm", "RDMA"), &fab_rdma_ops);
+  cr_expect_eq(chosen("tcp", "SendRecv"), &fab_sendrecv_ops);
+  cr_expect_eq(ut_warns(), 0);
 }
 
 /* Back-pressure (hardening item 6): with no receive posted, nothing moves.
