@@ -27,7 +27,26 @@ get_filename_component(_fabric_gen_real "${FABRIC_GENERATED_DIR}" REALPATH)
 get_filename_component(_fabric_gen_default "${FABRIC_CODEGEN_DEFAULT_DIR}" REALPATH)
 set(_fabric_gen_args --spec-dir ${FABRIC_ABI_DIR} --params ${FABRIC_TOP}/core/params.toml --quiet)
 
-if(_fabric_gen_real STREQUAL _fabric_gen_default)
+# Whether this Python can run the generator: 3.9+, Jinja2, and tomllib (3.11+) or tomli.
+set(_fabric_py_ok FALSE)
+if(Python3_FOUND)
+  execute_process(COMMAND ${Python3_EXECUTABLE} -c
+                  "import sys, jinja2\ntry:\n import tomllib\nexcept ImportError:\n import tomli\nsys.exit(sys.version_info < (3, 9))"
+                  RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
+  if(_rc EQUAL 0)
+    set(_fabric_py_ok TRUE)
+  endif()
+endif()
+set(_fabric_py_needs "Python 3.9 or later with Jinja2, and tomllib (3.11+) or tomli")
+
+if(_fabric_gen_real STREQUAL _fabric_gen_default AND (NOT _fabric_py_ok OR FABRIC_CODEGEN_CHECK STREQUAL "OFF"))
+  if(FABRIC_CODEGEN_CHECK STREQUAL "ON")
+    message(FATAL_ERROR "FABRIC_CODEGEN_CHECK=ON needs ${_fabric_py_needs} (found: ${Python3_EXECUTABLE})")
+  endif()
+  message(STATUS "codegen: building from the checked-in generated/ without checking it against abi/ (no "
+          "${_fabric_py_needs}, or FABRIC_CODEGEN_CHECK=OFF)")
+  add_custom_target(fabric_codegen)
+elseif(_fabric_gen_real STREQUAL _fabric_gen_default)
   # The checked-in tree: verify it, never rewrite it behind the developer's back.
   file(GLOB_RECURSE _fabric_gen_outputs CONFIGURE_DEPENDS ${FABRIC_CODEGEN_DEFAULT_DIR}/*
        ${FABRIC_TOP}/docs/abi-matrix.md ${FABRIC_TOP}/docs/params.md)
@@ -40,6 +59,9 @@ if(_fabric_gen_real STREQUAL _fabric_gen_default)
     COMMENT "Checking that generated/ matches abi/ (refresh: python3 codegen/generate.py)"
     VERBATIM)
 else()
+  if(NOT _fabric_py_ok)
+    message(FATAL_ERROR "rendering into ${FABRIC_GENERATED_DIR} needs ${_fabric_py_needs}")
+  endif()
   set(_fabric_gen_args ${_fabric_gen_args} --out-dir ${FABRIC_GENERATED_DIR})
   message(STATUS "Rendering the ABI layer from ${FABRIC_ABI_DIR} into ${FABRIC_GENERATED_DIR}")
   execute_process(COMMAND ${Python3_EXECUTABLE} ${FABRIC_CODEGEN_SCRIPT} ${_fabric_gen_args}
@@ -56,7 +78,9 @@ else()
     COMMENT "Rendering the ABI layer into ${FABRIC_GENERATED_DIR}"
     VERBATIM)
 endif()
-add_custom_target(fabric_codegen ALL DEPENDS ${_stamp})
+if(_stamp)
+  add_custom_target(fabric_codegen ALL DEPENDS ${_stamp})
+endif()
 
 include(${FABRIC_GENERATED_DIR}/exports/fabric_exports.cmake)
 

@@ -4,6 +4,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config python3 python3-jinja2
+          python3-tomli  # codegen_tomli: the generator as on Python 3.9/3.10, which lack tomllib
           libfabric-dev libfabric-bin libcriterion-dev libhwloc-dev binutils
           python3-matplotlib  # tests/bench/plot.py, checked by bench.plot
           autoconf automake libtool) # tests/libfabric2.sh builds libfabric 2.x from source

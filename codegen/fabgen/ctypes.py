@@ -5,6 +5,8 @@ A type is written the way C spells it: "int", "const char*", "void**",
 array) or "void*[]" (a parameter written as an array, e.g. handles[]).
 """
 
+from __future__ import annotations
+
 import re
 from dataclasses import dataclass
 

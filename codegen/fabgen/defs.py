@@ -1,6 +1,8 @@
 """The loaded form of the specs: definitions (what a spec file says, with
 version ranges) and instances (one concrete struct or table of one version)."""
 
+from __future__ import annotations
+
 import re
 from dataclasses import dataclass, field
 

@@ -1,5 +1,7 @@
 """core/params.toml: the environment parameters, checked strictly."""
 
+from __future__ import annotations
+
 import re
 from dataclasses import dataclass
 

@@ -2,7 +2,15 @@
 raise SpecError naming the spec file and the key path."""
 
 import os
-import tomllib
+
+try:
+    import tomllib  # Python 3.11 and later
+except ImportError:  # 3.9 and 3.10 (RHEL 9, Amazon Linux 2023, Ubuntu 22.04): the same parser, packaged as tomli
+    try:
+        import tomli as tomllib
+    except ImportError:
+        raise SystemExit("codegen: reading the specs needs Python 3.11's tomllib or, on Python 3.9 and 3.10, the tomli "
+                         "package (pip install tomli, or the distribution's python3-tomli)") from None
 
 
 class SpecError(Exception):

@@ -1,6 +1,8 @@
 """Named types known to the specs (primitives, enums, callbacks, structs, core
 types) and resolved uses of them (CType)."""
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
 
 from . import ctypes

@@ -12,6 +12,8 @@ small parser for the shapes NCCL uses: `typedef struct {...} name;`, aliases
 `typedef old new;`, function-pointer members and `#define NAME <integer>`.
 """
 
+from __future__ import annotations
+
 import os
 import re
 from dataclasses import dataclass, field
