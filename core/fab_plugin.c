@@ -22,6 +22,7 @@
 #include "fab_devcopy.h"
 #include "fab_engine.h"
 #include "fab_transport.h"
+#include "fab_version.h" /* written by codegen/version.cmake into the build tree */
 
 fab_engine fab_g = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -38,6 +39,9 @@ static fab_result engine_up(void) {
   if (fab_g.up) return FAB_OK;
   pin_libfabric();
   fab_list_init(&fab_g.ctxs);
+  uint32_t rt = fi_version();
+  FAB_INFO(FAB_SUBSYS_INIT, "fabric %s (commit %s), built against libfabric %d.%d, running on %u.%u", FAB_VERSION,
+           FAB_COMMIT, FI_MAJOR_VERSION, FI_MINOR_VERSION, FI_MAJOR(rt), FI_MINOR(rt));
   char bad[512];
   if (fab_params_load(&fab_g.params, bad, sizeof(bad)) != 0) FAB_WARN("ignored bad parameter values: %s", bad);
   fab_g.cuda_ok = fab_cuda_init();

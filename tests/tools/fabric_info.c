@@ -1,7 +1,7 @@
 /* fabric-info: the command line, and the report as text or JSON. See info.h
  * and docs/troubleshooting.md.
  *
- *   fabric-info [--json] [--selftest] [--bytes SIZE] [--timeout-ms N] [--plugin PATH]
+ *   fabric-info [--json] [--selftest] [--bytes SIZE] [--timeout-ms N] [--plugin PATH] [--version] [--help]
  *
  * Exit status: 0 when the plugin loaded and every exported net version
  * reported a device (and the self-test, when asked, moved every byte);
@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fab_version.h" /* the build tree's (codegen/version.cmake) */
 #include "info.h"
 
 static const char* ptr_kinds(int bits, char* buf, size_t len) {
@@ -134,6 +135,7 @@ static void json_list(const char* key, const char (*items)[64], int n) {
 
 static void print_json(const info_report* r, int failed) {
   printf("{");
+  json_str("fabric_info_version", FAB_VERSION " (commit " FAB_COMMIT ")", 1);
   json_str("libfabric", r->fi_version, 1);
   json_list("providers", r->providers, r->nproviders);
   printf("\"settings\": [");
@@ -163,17 +165,18 @@ static void print_json(const info_report* r, int failed) {
   printf("\"ok\": %s}\n", failed ? "false" : "true");
 }
 
-static int usage(const char* argv0) {
-  fprintf(stderr,
-          "usage: %s [--json] [--selftest] [--bytes SIZE] [--timeout-ms N] [--plugin PATH]\n"
+static int usage(const char* argv0, FILE* to, int status) {
+  fprintf(to,
+          "usage: %s [--json] [--selftest] [--bytes SIZE] [--timeout-ms N] [--plugin PATH] [--version] [--help]\n"
           "  What the NCCL net plugin sees on this machine: libfabric and its providers, the settings that steer\n"
           "  the plugin, its exported tables, and every device as each exported net version reports it.\n"
           "  --selftest    also move SIZE bytes (default 64M) between two processes through the plugin's newest\n"
           "                net table and check every byte\n"
           "  --plugin PATH the library (default: libnccl-net-fabric.so, found the way NCCL finds it)\n"
+          "  --version     this tool's version and commit (the plugin's own is in its report: \"fabric x.y.z\")\n"
           "  Exit status 0: all is well; 1: something is wrong (the report says what); 2: bad command line.\n",
           argv0);
-  return 2;
+  return status;
 }
 
 static int parse_size(const char* s, size_t* out) {
@@ -193,16 +196,21 @@ int main(int argc, char** argv) {
   size_t bytes = (size_t)64 << 20;
   const char* plugin = "libnccl-net-fabric.so";
   for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(argv[0], stdout, 0);
+    if (!strcmp(argv[i], "--version")) {
+      printf("fabric-info %s (commit %s)\n", FAB_VERSION, FAB_COMMIT);
+      return 0;
+    }
     if (!strcmp(argv[i], "--json")) json = 1;
     else if (!strcmp(argv[i], "--selftest")) selftest = 1;
     else if (!strcmp(argv[i], "--plugin") && i + 1 < argc) plugin = argv[++i];
     else if (!strcmp(argv[i], "--bytes") && i + 1 < argc) {
-      if (parse_size(argv[++i], &bytes)) return usage(argv[0]);
+      if (parse_size(argv[++i], &bytes)) return usage(argv[0], stderr, 2);
     } else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
       timeout_ms = atoi(argv[++i]);
-      if (timeout_ms <= 0) return usage(argv[0]);
+      if (timeout_ms <= 0) return usage(argv[0], stderr, 2);
     } else {
-      return usage(argv[0]);
+      return usage(argv[0], stderr, 2);
     }
   }
   static info_report r; /* large: off the stack */
