@@ -215,6 +215,19 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   return 0;
 }
 
+/* One INFO line per interface left out, though several entries name it. */
+static int already_left_out(const char* name) {
+  static char seen[8][FAB_NAME_MAX];
+  for (int i = 0; i < 8; i++) {
+    if (!strcmp(seen[i], name)) return 1;
+    if (!seen[i][0]) {
+      snprintf(seen[i], sizeof(seen[i]), "%s", name);
+      return 0;
+    }
+  }
+  return 0;
+}
+
 static int already_have(const struct fi_info* fi) {
   for (int i = 0; i < fab_g.nphys; i++) {
     const struct fi_info* o = fab_g.devs[i]->info;
@@ -377,8 +390,18 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
                                 ? query_ordered(prov, t, hmem ? hmem_caps : 0, FI_ORDER_WAW, &rc)
                                 : NULL;
   struct fi_info* list = ordered ? ordered : hmem ? hmem : all;
+  int others = 0; /* usable entries no exclusion names: only then are the named ones left out */
+  for (const struct fi_info* fi = list; fi; fi = fi->next)
+    others |= !strcmp(fi->fabric_attr->prov_name, prov) && !reject_reason(fi, t) && !fab_iface_listed(fi);
   for (const struct fi_info* fi = list; fi; fi = fi->next) {
     if (strcmp(fi->fabric_attr->prov_name, prov) || reject_reason(fi, t) || already_have(fi)) continue;
+    if (others && fab_iface_listed(fi)) {
+      if (!already_left_out(fi->domain_attr->name))
+        FAB_INFO(FAB_SUBSYS_INIT, "left out interface %s (FABRIC_EXCLUDE_IF=%s): NCCL could put traffic to other "
+                 "hosts on it; FI_TCP_IFACE chooses interfaces explicitly", fi->domain_attr->name,
+                 fab_g.params.exclude_if);
+      continue;
+    }
     if (add_device(fi, t, 0) != 0) break;
     fab_g.devs[fab_g.nphys - 1]->local_only = remote == NULL;
     fab_g.devs[fab_g.nphys - 1]->ordered_writes = ordered != NULL;

@@ -386,6 +386,11 @@ struct fi_info* fab_nic_profile_apply(struct fi_info* list, uint64_t asked_order
 int fab_reports_write_len(const struct fi_info* fi);
 int fab_nic_profile_mr_local(void); /* the profile's NIC asks FI_MR_LOCAL (the engine honours it alone) */
 
+/* fab_iface.c: whether entry fi is an interface FABRIC_EXCLUDE_IF names
+ * (loopback, container bridges) while FI_TCP_IFACE chose none; discovery
+ * leaves it out unless nothing else remains. */
+int fab_iface_listed(const struct fi_info* fi);
+
 /* fab_device.c: discovery asks for what the candidate transports need, in
  * order of preference (fab_transport.c), and gives each device the first
  * one its provider entry can run. */

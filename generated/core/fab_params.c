@@ -24,6 +24,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->stripe_threshold = 4194304u;
   params->stripe_size = 131072u;
   snprintf(params->transport, sizeof params->transport, "%s", "auto");
+  snprintf(params->exclude_if, sizeof params->exclude_if, "%s", "lo,docker0");
   snprintf(params->nic_profile, sizeof params->nic_profile, "%s", "");
   params->delivery_complete = -1;
   params->gpu_memory = -1;
@@ -231,6 +232,15 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       memcpy(params->transport, choices[i], strlen(choices[i]) + 1);
+    }
+  }
+
+  if ((s = getenv("FABRIC_EXCLUDE_IF")) != NULL) {
+    if (strlen(s) >= sizeof params->exclude_if) {
+      complain(errbuf, errbuf_size, "FABRIC_EXCLUDE_IF is longer than %d bytes; using the default", FAB_PARAM_STRING_MAX - 1);
+      bad++;
+    } else {
+      memcpy(params->exclude_if, s, strlen(s) + 1);
     }
   }
 

@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 18
+#define FAB_PARAM_COUNT 19
 
 typedef struct fab_params fab_params;
 
@@ -41,6 +41,8 @@ struct fab_params {
   size_t stripe_size;
   /* FABRIC_TRANSPORT: How NCCL messages move: `rdma` (the receiver announces each buffer and the sender writes into it with RMA; needs FI_RMA and remote CQ data), `sendrecv` (tagged messages; any RDM provider), or `auto` (rdma where the provider offers what it needs, else sendrecv). Both ends of a connection must use the same transport: a mismatch is refused at connect with a WARN. */
   char transport[FAB_PARAM_STRING_MAX];
+  /* FABRIC_EXCLUDE_IF: Interfaces a socket provider (tcp) does not offer NCCL as devices, comma-separated (`name*` matches by prefix), so that a multi-node job's channels never land on loopback or a container bridge. Ignored when `FI_TCP_IFACE` chooses interfaces, and when nothing else would remain (every peer is then on this host). Empty: offer every interface. */
+  char exclude_if[FAB_PARAM_STRING_MAX];
   /* FABRIC_NIC_PROFILE: Test only: take the provider's limits to be another NIC's, so that the plugin behaves here as it would there while this machine's provider carries the bytes. `efa`: 4 bytes of remote CQ data (the rdma transport and the one-sided engine then use their narrow format), FI_MR_LOCAL (every buffer registered, descriptors passed), no write-after-write ordering, inject at most 4096 bytes, 4-byte keys; `verbs`: the same but with ordering kept and the carrier's inject size. Empty (the default): the provider's own limits. Never set it in production. */
   char nic_profile[FAB_PARAM_STRING_MAX];
   /* FABRIC_DELIVERY_COMPLETE: Whether a write completes only once the peer holds its data (FI_DELIVERY_COMPLETE). -1 (the default): on providers whose writes otherwise complete when they enter a kernel socket (tcp, sockets), where closing right after could drop them and hang the peer's receive; 1: always (the provider must support it); 0: never (local completion; a sender must not close while its peer may still be receiving). */

@@ -80,6 +80,51 @@ Test(discovery, max_p2p_param) {
   api->finalize(ctx);
 }
 
+/* The tcp devices' names (one init), and how many there are. */
+static int tcp_devices(char names[][FAB_NAME_MAX], int cap) {
+  setenv("FABRIC_PROVIDER", "tcp", 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  int n = 0;
+  for (int i = 0; i < fab_g.nphys && n < cap; i++) snprintf(names[n++], FAB_NAME_MAX, "%s", fab_g.devs[i]->name);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+  return n;
+}
+
+static int named(char names[][FAB_NAME_MAX], int n, const char* name) {
+  for (int i = 0; i < n; i++)
+    if (!strcmp(names[i], name)) return 1;
+  return 0;
+}
+
+/* Without FI_TCP_IFACE, loopback is no NCCL device where another interface
+ * exists (a multi-node job's channels could land on it); where it is the
+ * only one, every peer is on this host and it stays. */
+Test(discovery, tcp_leaves_loopback_out) {
+  unsetenv("FI_TCP_IFACE");
+  char all[16][FAB_NAME_MAX], some[16][FAB_NAME_MAX];
+  setenv("FABRIC_EXCLUDE_IF", "", 1);
+  int nall = tcp_devices(all, 16);
+  cr_assert(named(all, nall, "lo"), "tcp offers loopback when nothing is excluded");
+  unsetenv("FABRIC_EXCLUDE_IF");
+  int nsome = tcp_devices(some, 16);
+  if (nall == 1) {
+    cr_expect(named(some, nsome, "lo"), "the only interface stays");
+    return;
+  }
+  cr_expect(!named(some, nsome, "lo"), "loopback is left out by default");
+  cr_expect_eq(nsome, nall - 1, "only loopback is left out");
+}
+
+/* FI_TCP_IFACE is the user's choice: it is honoured as given. */
+Test(discovery, tcp_iface_chooses_loopback) {
+  setenv("FI_TCP_IFACE", "lo", 1);
+  unsetenv("FABRIC_EXCLUDE_IF");
+  char names[16][FAB_NAME_MAX];
+  int n = tcp_devices(names, 16);
+  cr_expect(n == 1 && named(names, n, "lo"));
+}
+
 Test(discovery, unknown_provider_fails_with_one_warn) {
   ut_use_provider("no-such-provider");
   fab_ctx* ctx = (fab_ctx*)0x1234;
