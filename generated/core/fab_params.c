@@ -34,6 +34,28 @@ void fab_params_defaults(struct fab_params* params) {
   params->rma_stage_bytes = 262144u;
 }
 
+const char* const fab_param_names[] = {
+    "FABRIC_PROVIDER",
+    "FABRIC_MAX_P2P_BYTES",
+    "FABRIC_CONNECT_TIMEOUT_MS",
+    "FABRIC_CQ_READ_COUNT",
+    "FABRIC_PEER_TIMEOUT_MS",
+    "FABRIC_LOCAL_SEND_ENDPOINTS",
+    "FABRIC_RAILS",
+    "FABRIC_RAIL_THREADS",
+    "FABRIC_STRIPE_THRESHOLD",
+    "FABRIC_STRIPE_SIZE",
+    "FABRIC_TRANSPORT",
+    "FABRIC_EXCLUDE_IF",
+    "FABRIC_NIC_PROFILE",
+    "FABRIC_DELIVERY_COMPLETE",
+    "FABRIC_GPU_MEMORY",
+    "FABRIC_EAGER_MAX",
+    "FABRIC_GPU_EMULATE",
+    "FABRIC_RMA_STAGE_SLOTS",
+    "FABRIC_RMA_STAGE_BYTES",
+    NULL};
+
 /* Appends one complaint to errbuf, "; "-separated, never overflowing. */
 static void complain(char* errbuf, size_t size, const char* fmt, ...) {
   if (errbuf == NULL || size == 0) return;

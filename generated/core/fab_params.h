@@ -59,6 +59,9 @@ struct fab_params {
   size_t rma_stage_bytes;
 };
 
+/* Every variable's full name, NULL-terminated (tools flag names not in it). */
+extern const char* const fab_param_names[];
+
 /* Fills *params with every default. */
 void fab_params_defaults(struct fab_params* params);
 

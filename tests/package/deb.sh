@@ -34,7 +34,7 @@ dpkg -i "$deb" >/dev/null
 trap 'dpkg -P $pkg >/dev/null' EXIT
 [ -e "/usr/lib/$multiarch/libnccl-net-fabric.so" ] || fail "not installed into /usr/lib/$multiarch"
 for prov in shm tcp; do
-  env -u LD_LIBRARY_PATH FI_PROVIDER=$prov FI_TCP_IFACE=lo /usr/bin/fabric-info --selftest --bytes 16M \
+  env -u LD_LIBRARY_PATH NCCL_NET_PLUGIN=fabric FI_PROVIDER=$prov FI_TCP_IFACE=lo /usr/bin/fabric-info --selftest --bytes 16M \
     > "$out/fabric-info.$prov.txt" 2>&1 || { cat "$out/fabric-info.$prov.txt"; fail "fabric-info --selftest on $prov"; }
   grep -Eq "^plugin libnccl-net-fabric.so \((/usr)?/lib/$multiarch/libnccl-net-fabric.so\)" "$out/fabric-info.$prov.txt" ||
     { cat "$out/fabric-info.$prov.txt"; fail "fabric-info did not load the installed library by its bare name"; }

@@ -6,9 +6,11 @@
  * Exit status: 0 when the plugin loaded and every exported net version
  * reported a device (and the self-test, when asked, moved every byte);
  * 1 otherwise; 2 for a bad command line. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "fab_version.h" /* the build tree's (codegen/version.cmake) */
 #include "info.h"
@@ -61,7 +63,9 @@ static void print_text(const info_report* r, int failed) {
   for (int i = 0; i < r->nproviders; i++) printf(" %s", r->providers[i]);
   printf("%s\n", r->nproviders ? "" : " none");
   printf("settings:%s\n", r->nenv ? "" : " none (defaults: the first provider that fits, transport auto)");
-  for (int i = 0; i < r->nenv; i++) printf("  %s\n", r->env[i]);
+  for (int i = 0; i < r->nenv; i++)
+    printf("  %s%s\n", r->env[i], r->env_unknown[i] ? "   <- not a setting of this plugin (docs/params.md lists them)" : "");
+  for (int i = 0; i < r->nnccl; i++) printf("NCCL would not use this plugin: %s\n", r->nccl[i]);
   if (r->load_error[0]) {
     printf("plugin %s: cannot be loaded: %s\n", r->plugin, r->load_error);
     printf("what to do: install the library where the loader finds it, or give its path (NCCL_NET_PLUGIN, --plugin)\n");
@@ -140,6 +144,11 @@ static void print_json(const info_report* r, int failed) {
   json_list("providers", r->providers, r->nproviders);
   printf("\"settings\": [");
   for (int i = 0; i < r->nenv; i++) printf("%s", i ? ", " : ""), json_value(r->env[i]);
+  printf("], \"unknownSettings\": [");
+  for (int i = 0, k = 0; i < r->nenv; i++)
+    if (r->env_unknown[i]) printf("%s", k++ ? ", " : ""), json_value(r->env[i]);
+  printf("], \"ncclWouldNotUse\": [");
+  for (int i = 0; i < r->nnccl; i++) printf("%s", i ? ", " : ""), json_value(r->nccl[i]);
   printf("], ");
   json_str("plugin", r->plugin, 1);
   json_str("pluginFile", r->plugin_file, 1);
@@ -179,6 +188,55 @@ static int usage(const char* argv0, FILE* to, int status) {
   return status;
 }
 
+/* Whether the loader finds name (as NCCL would dlopen it). */
+static int loads(const char* name) {
+  void* dl = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (dl) dlclose(dl);
+  return dl != NULL;
+}
+
+/* The library NCCL (2.27 and later) would load for the net plugin, the way it
+ * resolves NCCL_NET_PLUGIN: each comma-separated entry verbatim, then, with
+ * no '/' and not of the form lib*.so, as libnccl-net-<entry>.so; unset:
+ * libnccl-net.so; "none": no external plugin. Where NCCL would load none, or
+ * NCCL_NET names another plugin, r->nccl says why, and this report shows
+ * libnccl-net-fabric.so. */
+static const char* nccl_plugin(info_report* r, char* buf, size_t len) {
+  const char* fallback = "libnccl-net-fabric.so";
+  const char* want = getenv("NCCL_NET");
+  if (want && *want && strcasecmp(want, "Fabric") != 0)
+    snprintf(r->nccl[r->nnccl++], INFO_LINE, "NCCL_NET=%s: NCCL selects only a plugin of that name; this one is "
+             "named Fabric (NCCL_NET=Fabric, or unset it)", want);
+  const char* list = getenv("NCCL_NET_PLUGIN");
+  if (!list || !*list) {
+    if (loads("libnccl-net.so")) return "libnccl-net.so";
+    snprintf(r->nccl[r->nnccl++], INFO_LINE, "NCCL_NET_PLUGIN is unset, so NCCL loads libnccl-net.so, which the "
+             "loader does not find: set NCCL_NET_PLUGIN=fabric (this report shows %s)", fallback);
+    return fallback;
+  }
+  if (!strcasecmp(list, "none")) {
+    snprintf(r->nccl[r->nnccl++], INFO_LINE, "NCCL_NET_PLUGIN=none: NCCL loads no external plugin (this report shows "
+             "%s)", fallback);
+    return fallback;
+  }
+  for (const char* s = list; *s;) {
+    size_t n = strcspn(s, ",");
+    char entry[256];
+    snprintf(entry, sizeof(entry), "%.*s", (int)(n < sizeof(entry) ? n : sizeof(entry) - 1), s);
+    s += n + (s[n] == ',');
+    if (!entry[0]) continue;
+    if (loads(entry)) return snprintf(buf, len, "%s", entry), buf;
+    size_t el = strlen(entry);
+    int lib_so = !strncmp(entry, "lib", 3) && el > 6 && !strcmp(entry + el - 3, ".so");
+    if (strchr(entry, '/') || lib_so) continue;
+    snprintf(buf, len, "libnccl-net-%s.so", entry);
+    if (loads(buf)) return buf;
+  }
+  snprintf(r->nccl[r->nnccl++], INFO_LINE, "NCCL_NET_PLUGIN=%s: the loader finds none of its entries (as names, or "
+           "as libnccl-net-<name>.so), so NCCL uses its own transports (this report shows %s)", list, fallback);
+  return fallback;
+}
+
 static int parse_size(const char* s, size_t* out) {
   char* end = NULL;
   unsigned long long v = strtoull(s, &end, 10);
@@ -194,7 +252,8 @@ static int parse_size(const char* s, size_t* out) {
 int main(int argc, char** argv) {
   int json = 0, selftest = 0, timeout_ms = 60000;
   size_t bytes = (size_t)64 << 20;
-  const char* plugin = "libnccl-net-fabric.so";
+  const char* plugin = NULL; /* --plugin: that file, as given; else the one NCCL would load */
+  char nccl_name[300];
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(argv[0], stdout, 0);
     if (!strcmp(argv[i], "--version")) {
@@ -214,7 +273,8 @@ int main(int argc, char** argv) {
     }
   }
   static info_report r; /* large: off the stack */
-  int failed = info_probe(&r, plugin) != 0;
+  if (!plugin) plugin = nccl_plugin(&r, nccl_name, sizeof(nccl_name));
+  int failed = info_probe(&r, plugin) != 0 || r.nnccl > 0 || r.nunknown > 0;
   if (selftest && !r.load_error[0]) failed |= info_selftest(&r, plugin, bytes, timeout_ms) != 0;
   if (json) print_json(&r, failed);
   else print_text(&r, failed);

@@ -42,7 +42,10 @@ typedef struct {
   char providers[INFO_MAX_PROVIDERS][64];
   int nproviders;
   char env[INFO_MAX_ENV][INFO_LINE];
-  int nenv;
+  int env_unknown[INFO_MAX_ENV];    /* 1: a FABRIC_ name this plugin does not read (a typo?) */
+  int nenv, nunknown;
+  char nccl[2][INFO_LINE];          /* why NCCL would not load or select this plugin ("" when it would) */
+  int nnccl;
   char plugin[INFO_LINE];           /* the path asked for */
   char plugin_file[INFO_LINE];      /* the file the loader picked */
   char load_error[INFO_LINE];       /* "" when it loaded */

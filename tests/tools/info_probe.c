@@ -9,6 +9,7 @@
 #include <rdma/fabric.h>
 
 #include "fab_drivers.h"
+#include "fab_params.h"
 #include "info.h"
 
 extern char** environ;
@@ -21,12 +22,15 @@ void info_logger(int level, unsigned long flags, const char* file, int line, con
   (void)flags, (void)file, (void)line;
   info_report* r = g_report;
   if (!r || level == FAB_LOG_TRACE) return;
-  if (level == FAB_LOG_WARN) r->warns++;
   if (r->nlog >= INFO_MAX_LOG) return;
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(r->log[r->nlog], INFO_LINE, fmt ? fmt : "", ap);
   va_end(ap);
+  /* each net table inits the engine: a fact it logs again is printed once */
+  for (int i = 0; i < r->nlog; i++)
+    if (r->log_level[i] == level && !strcmp(r->log[i], r->log[r->nlog])) return;
+  if (level == FAB_LOG_WARN) r->warns++;
   r->log_level[r->nlog++] = level;
 }
 
@@ -49,13 +53,23 @@ static void probe_libfabric(info_report* r) {
   fi_freeinfo(hints);
 }
 
+/* Whether NAME=value names one of the plugin's parameters. */
+static int known_param(const char* assignment) {
+  size_t n = strcspn(assignment, "=");
+  for (const char* const* p = fab_param_names; *p; p++)
+    if (strlen(*p) == n && !strncmp(*p, assignment, n)) return 1;
+  return 0;
+}
+
 /* The settings that steer the plugin's choices. */
 static void probe_env(info_report* r) {
   static const char* prefixes[] = {"FABRIC_", "FI_PROVIDER", "FI_TCP_IFACE", "FI_HMEM", "NCCL_NET", "NCCL_DEBUG"};
   for (char** e = environ; e && *e && r->nenv < INFO_MAX_ENV; e++) {
     for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
       if (strncmp(*e, prefixes[i], strlen(prefixes[i])) == 0) {
-        snprintf(r->env[r->nenv++], INFO_LINE, "%s", *e);
+        snprintf(r->env[r->nenv], INFO_LINE, "%s", *e);
+        r->env_unknown[r->nenv] = i == 0 && !known_param(*e);
+        r->nunknown += r->env_unknown[r->nenv++];
         break;
       }
     }
