@@ -7,6 +7,7 @@
  * reported a device (and the self-test, when asked, moved every byte);
  * 1 otherwise; 2 for a bad command line. */
 #include <dlfcn.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,6 +140,7 @@ static void json_list(const char* key, const char (*items)[64], int n) {
 
 static void print_json(const info_report* r, int failed) {
   printf("{");
+  printf("\"schema\": 2, "); /* 2: versions, unknownSettings, ncclWouldNotUse */
   json_str("fabric_info_version", FAB_VERSION " (commit " FAB_COMMIT ")", 1);
   json_str("libfabric", r->fi_version, 1);
   json_list("providers", r->providers, r->nproviders);
@@ -254,24 +256,29 @@ int main(int argc, char** argv) {
   size_t bytes = (size_t)64 << 20;
   const char* plugin = NULL; /* --plugin: that file, as given; else the one NCCL would load */
   char nccl_name[300];
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(argv[0], stdout, 0);
-    if (!strcmp(argv[i], "--version")) {
-      printf("fabric-info %s (commit %s)\n", FAB_VERSION, FAB_COMMIT);
-      return 0;
-    }
-    if (!strcmp(argv[i], "--json")) json = 1;
-    else if (!strcmp(argv[i], "--selftest")) selftest = 1;
-    else if (!strcmp(argv[i], "--plugin") && i + 1 < argc) plugin = argv[++i];
-    else if (!strcmp(argv[i], "--bytes") && i + 1 < argc) {
-      if (parse_size(argv[++i], &bytes)) return usage(argv[0], stderr, 2);
-    } else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) {
-      timeout_ms = atoi(argv[++i]);
-      if (timeout_ms <= 0) return usage(argv[0], stderr, 2);
-    } else {
-      return usage(argv[0], stderr, 2);
+  static const struct option opts[] = {
+      {"help", no_argument, NULL, 'h'},      {"version", no_argument, NULL, 'V'},
+      {"json", no_argument, NULL, 'j'},      {"selftest", no_argument, NULL, 's'},
+      {"plugin", required_argument, NULL, 'p'}, {"bytes", required_argument, NULL, 'b'},
+      {"timeout-ms", required_argument, NULL, 't'}, {NULL, 0, NULL, 0}};
+  for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
+    switch (c) {
+      case 'h': return usage(argv[0], stdout, 0);
+      case 'V': printf("fabric-info %s (commit %s)\n", FAB_VERSION, FAB_COMMIT); return 0;
+      case 'j': json = 1; break;
+      case 's': selftest = 1; break;
+      case 'p': plugin = optarg; break;
+      case 'b':
+        if (parse_size(optarg, &bytes)) return usage(argv[0], stderr, 2);
+        break;
+      case 't':
+        timeout_ms = atoi(optarg);
+        if (timeout_ms <= 0) return usage(argv[0], stderr, 2);
+        break;
+      default: return usage(argv[0], stderr, 2);
     }
   }
+  if (optind < argc) return usage(argv[0], stderr, 2);
   static info_report r; /* large: off the stack */
   if (!plugin) plugin = nccl_plugin(&r, nccl_name, sizeof(nccl_name));
   int failed = info_probe(&r, plugin) != 0 || r.nnccl > 0 || r.nunknown > 0;

@@ -117,8 +117,12 @@ static void probe_version(info_version* iv, const struct fab_driver_info* d, voi
   fab_result rc = api.init(&ctx, 0x1f0, NULL, info_logger, NULL);
   if (rc == FAB_OK) rc = api.devices(&iv->ndev);
   if (rc != FAB_OK) {
-    snprintf(iv->error, INFO_LINE, "%s failed (result %d): see the plugin's log", ctx || iv->ndev ? "devices" : "init",
-             (int)rc);
+    static const char* const names[] = {"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError",
+                                        "ncclInternalError", "ncclInvalidArgument", "ncclInvalidUsage",
+                                        "ncclRemoteError"};
+    const char* name = rc >= 0 && rc < (int)(sizeof names / sizeof names[0]) ? names[rc] : "an unknown result";
+    snprintf(iv->error, INFO_LINE, "%s failed with %s (%d): the plugin's log above says why",
+             ctx || iv->ndev ? "devices" : "init", name, (int)rc);
     if (ctx && api.finalize) api.finalize(ctx);
     return;
   }
