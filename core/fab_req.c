@@ -141,7 +141,7 @@ void fab_comm_fail(fab_comm* c, fab_result rc, const char* why) {
 
 void fab_comm_truncated(fab_comm* c) {
   fab_comm_fail(c, FAB_ERR_INVALID_USAGE, "an earlier message on this connection was larger than its receive "
-                "(the two ranks disagree on sizes), so the connection is not used further; close it");
+                "(the two ranks disagree on sizes), so the connection is not used further");
 }
 
 /* A closed comm waiting only for its probe is freed by the next sweep of
