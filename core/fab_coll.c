@@ -79,7 +79,7 @@ static fab_result make_ring(fab_coll* g, fab_coll_peer* p, const char* fn) {
   p->put_seen = calloc(FAB_COLL_PUT_WINDOW / 64, sizeof(uint64_t));
   if (!p->ring_mem || !p->put_seen) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
   memset(p->ring_mem, 0, len);
-  int rc = fab_rma_buf_reg(g->target_ep->dev, p->ring_mem, len, FI_REMOTE_WRITE, &p->ring_reg);
+  int rc = fab_rma_buf_reg(g->target_ep, p->ring_mem, len, FI_REMOTE_WRITE, &p->ring_reg);
   if (rc != 0) {
     char why[160];
     snprintf(why, sizeof(why), "registering a signal ring failed: %s", fi_strerror(-rc));
@@ -171,7 +171,7 @@ static fab_result coll_setup(fab_coll* g, fab_listener* l, void** handles, const
   size_t xlen = (size_t)2 * g->nranks * FAB_COLL_XCHG_BYTES;
   g->xchg_buf = calloc(1, xlen);
   if (!g->xchg_buf) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
-  fab_result rc = fab_mr_register_on(l->dev, l->ep->dev, g->xchg_buf, xlen, FAB_PTR_HOST, 0, -1, &g->xchg_mh, fn);
+  fab_result rc = fab_mr_register_on(l->dev, l->ep, g->xchg_buf, xlen, FAB_PTR_HOST, 0, -1, &g->xchg_mh, fn);
   if (rc != FAB_OK) return fab_coll_fail(g, rc, fn, "registering the exchange buffer failed");
   if (g->nranks == 1) return FAB_OK;
   void** accepted = calloc((size_t)g->nranks, sizeof(void*));

@@ -227,7 +227,7 @@ static fab_result publish(fab_coll* g, fab_coll_win* w, const char* fn) {
 static fab_result reg_sym(fab_coll* g, fab_coll_win* w, void* data, size_t size, int type, uint64_t offset, int fd,
                           const char* fn) {
   fab_result rc = w->staged ? fab_coll_stage_rx_make(g, data, fn)
-                            : fab_mr_register_on(g->dev, g->target_ep->dev, data, size, type, offset, fd,
+                            : fab_mr_register_on(g->dev, g->target_ep, data, size, type, offset, fd,
                                                  &w->mr_handle, fn);
   if (rc != FAB_OK) return rc;
   w->mr = w->mr_handle ? fab_obj_get(w->mr_handle, FAB_OBJ_MR) : NULL;

@@ -35,7 +35,7 @@ fab_result fab_coll_stage_rx_make(fab_coll* g, const void* gpu_window, const cha
       return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory for the staging ring of GPU windows");
     }
   }
-  int rc = fab_rma_buf_reg(g->target_ep->dev, mem, len, FI_REMOTE_WRITE, &g->rx_reg);
+  int rc = fab_rma_buf_reg(g->target_ep, mem, len, FI_REMOTE_WRITE, &g->rx_reg);
   if (rc != 0) {
     free(mem);
     char why[160];
@@ -65,7 +65,7 @@ static int tx_make(fab_coll_peer* p, const fab_coll_req* r) {
   size_t len = (size_t)n * slot_bytes();
   p->tx_mem = aligned_alloc(4096, len);
   p->tx = calloc(n, sizeof(*p->tx));
-  int rc = p->tx_mem && p->tx ? fab_rma_buf_reg(p->sc->ep->dev, p->tx_mem, len, FI_WRITE | FI_READ, &p->tx_reg)
+  int rc = p->tx_mem && p->tx ? fab_rma_buf_reg(p->sc->ep, p->tx_mem, len, FI_WRITE | FI_READ, &p->tx_reg)
                               : -FI_ENOMEM;
   if (rc != 0) {
     free(p->tx_mem);

@@ -52,7 +52,7 @@ static struct fi_info* make_hints(const char* prov, const fab_transport_ops* t, 
   h->ep_attr->type = FI_EP_RDM;
   h->domain_attr->threading = FI_THREAD_SAFE;
   h->domain_attr->mr_mode =
-      FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR | (hmem ? FI_MR_HMEM : 0);
+      FI_MR_LOCAL | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR | FI_MR_ENDPOINT | (hmem ? FI_MR_HMEM : 0);
   h->domain_attr->cq_data_size = t->needs.cq_data_size;
   h->tx_attr->msg_order = FI_ORDER_SAS | t->needs.msg_order | order;
   h->rx_attr->msg_order = FI_ORDER_SAS | t->needs.msg_order | order;
@@ -91,7 +91,6 @@ static const char* reject_reason(const struct fi_info* fi, const fab_transport_o
     return "4 bytes of remote CQ data, and the provider does not report a remote write's length";
   if (t->needs.mr_key_size && fi->domain_attr->mr_key_size > t->needs.mr_key_size) return "remote keys too long";
   if (fi->tx_attr->inject_size < t->needs.min_inject) return "inject size too small for the transport";
-  if (fi->domain_attr->mr_mode & FI_MR_ENDPOINT) return "needs FI_MR_ENDPOINT";
   if (fi->ep_attr->max_msg_size == 0) return "max_msg_size 0";
   return NULL;
 }
@@ -141,7 +140,7 @@ static void fill_properties(fab_device* d, const struct fi_info* fi) {
     p->ptr_support |= FAB_PTR_DMABUF;
 #endif
   }
-  p->reg_is_global = 1;
+  p->reg_is_global = !d->mr_endpoint; /* FI_MR_ENDPOINT: a registration serves its comm's endpoint only */
   p->force_flush = 0;
   size_t bps = (fi->nic && fi->nic->link_attr) ? fi->nic->link_attr->speed : 0;
   p->speed_mbps = bps >= 1000000 ? (int)(bps / 1000000 > INT_MAX ? INT_MAX : bps / 1000000) : FAB_DEFAULT_SPEED_MBPS;
@@ -181,6 +180,8 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   d->remote_data = t->remote_data;
   fab_tag_layout_init(&d->tags, fi->ep_attr->mem_tag_format);
   d->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL) || fab_nic_profile_mr_local();
+  d->mr_endpoint = !!(fi->domain_attr->mr_mode & FI_MR_ENDPOINT) || fab_nic_profile_mr_endpoint();
+  d->mr_endpoint_emulated = d->mr_endpoint && !(fi->domain_attr->mr_mode & FI_MR_ENDPOINT);
   d->mr_hmem = !!(fi->domain_attr->mr_mode & FI_MR_HMEM);
   d->prov_key = !!(fi->domain_attr->mr_mode & FI_MR_PROV_KEY);
   d->hmem = !!(fi->caps & FI_HMEM);
@@ -205,9 +206,10 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   fab_g.nphys = idx + 1;
   atomic_store(&fab_g.ndevs, idx + 1);
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
-           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s%s%s, maxP2pBytes %zu, pci %s",
+           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s%s%s%s, maxP2pBytes %zu, pci %s",
            idx, prov, d->name, d->ops->name, d->tags.bits, fi->domain_attr->mr_mode,
            d->mr_local && !(fi->domain_attr->mr_mode & FI_MR_LOCAL) ? " (+FI_MR_LOCAL: FABRIC_NIC_PROFILE)" : "",
+           d->mr_endpoint_emulated ? " (+FI_MR_ENDPOINT: FABRIC_NIC_PROFILE)" : "",
            d->hmem ? ", FI_HMEM" : "",
            d->cq_narrow ? ", 4 bytes of remote CQ data" : "",
            d->write_flags ? ", writes complete on delivery" : "",

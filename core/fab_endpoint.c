@@ -616,12 +616,23 @@ int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr,
   fab_domain* dom = ep->dev->dom;
   uint64_t key = ep->dev->prov_key ? 0 : atomic_fetch_add(&dom->next_key, 1);
   int rc = fi_mr_reg(dom->domain, buf, len, FI_SEND | FI_RECV, 0, key, 0, mr, NULL);
+  if (rc == 0) rc = fab_ep_bind_mr(ep, *mr);
   if (rc != 0) {
+    if (*mr) fi_close(&(*mr)->fid);
     *mr = NULL;
     return rc;
   }
   *desc = fi_mr_desc(*mr);
   return 0;
+}
+
+int fab_ep_bind_mr(fab_endpoint* ep, struct fid_mr* mr) {
+  if (!ep->dev->mr_endpoint) return 0;
+  int rc = fi_mr_bind(mr, &ep->ep->fid, 0);
+  if (rc == 0) rc = fi_mr_enable(mr);
+  /* emulated (FABRIC_NIC_PROFILE=cxi): the calls are made as on cxi, and a carrier that does not bind says so */
+  if (ep->dev->mr_endpoint_emulated && (rc == -FI_ENOSYS || rc == -FI_EOPNOTSUPP)) rc = 0;
+  return rc;
 }
 
 void fab_ep_ctrl_dereg(struct fid_mr* mr) {

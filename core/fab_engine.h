@@ -123,6 +123,9 @@ typedef struct fab_device {
   void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);
   fab_tag_layout tags;
   int mr_local;          /* FI_MR_LOCAL: every buffer needs a descriptor */
+  int mr_endpoint;       /* FI_MR_ENDPOINT (cxi): a registration serves the one endpoint it is bound to */
+  int mr_endpoint_emulated; /* FABRIC_NIC_PROFILE imposed it: registrations are kept per endpoint and checked,
+                             * but the carrier is not asked to bind them */
   int mr_hmem;           /* FI_MR_HMEM: device memory needs registration */
   int prov_key;          /* FI_MR_PROV_KEY granted */
   int hmem;              /* FI_HMEM granted */
@@ -385,6 +388,7 @@ static inline const char* fab_device_provider(const fab_device* d) {
 struct fi_info* fab_nic_profile_apply(struct fi_info* list, uint64_t asked_order);
 int fab_reports_write_len(const struct fi_info* fi);
 int fab_nic_profile_mr_local(void); /* the profile's NIC asks FI_MR_LOCAL (the engine honours it alone) */
+int fab_nic_profile_mr_endpoint(void); /* ... FI_MR_ENDPOINT (the engine keeps registrations per endpoint) */
 
 /* fab_iface.c: whether entry fi is an interface FABRIC_EXCLUDE_IF names
  * (loopback, container bridges) while FI_TCP_IFACE chose none; discovery
@@ -464,6 +468,9 @@ void fab_ep_park(fab_endpoint* ep, fab_parked* p);
 /* Registers a control-message buffer where the provider needs descriptors
  * (FI_MR_LOCAL); returns 0 or a negative fi errno. */
 int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr, void** desc);
+/* FI_MR_ENDPOINT: binds registration mr to ep and enables it (nothing where
+ * the device does not bind, or only emulates it); 0 or a negative fi errno. */
+int fab_ep_bind_mr(fab_endpoint* ep, struct fid_mr* mr);
 void fab_ep_ctrl_dereg(struct fid_mr* mr);
 /* Sends a copy of msg (an untagged control message) to peer, best effort:
  * the copy frees itself when the send completes or fails. Retries while the

@@ -50,11 +50,14 @@ static size_t upper_bound(const fab_mr_cache* c, uintptr_t key) {
   return lo;
 }
 
-static fab_mr_entry* find(const fab_mr_cache* c, uintptr_t start, uintptr_t end, int type, int cuda_dev) {
+static fab_mr_entry* find(const fab_mr_cache* c, uintptr_t start, uintptr_t end, int type, int cuda_dev,
+                          const fab_endpoint* owner) {
   for (size_t i = upper_bound(c, start); i-- > 0;) {
     fab_mr_entry* e = c->v[i];
     if (e->base + c->max_len < end) break; /* nothing further left can reach end */
-    if (e->base <= start && e->base + e->len >= end && e->type == type && e->cuda_dev == cuda_dev) return e;
+    if (e->base <= start && e->base + e->len >= end && e->type == type && e->cuda_dev == cuda_dev &&
+        e->owner == owner)
+      return e;
   }
   return NULL;
 }
@@ -76,7 +79,7 @@ static int insert(fab_mr_cache* c, fab_mr_entry* e) {
 }
 
 fab_mr_entry* fab_mr_cache_acquire(fab_mr_cache* c, uintptr_t addr, size_t len, int type, int cuda_dev,
-                                   fab_mr_reg_fn reg, void* arg, int* err) {
+                                   const fab_endpoint* owner, fab_mr_reg_fn reg, void* arg, int* err) {
   /* Host memory is registered by whole pages (a sub-range of a registered
    * buffer then hits); GPU memory exactly as given: host pages past the end
    * of a CUDA allocation may belong to no allocation, or to another one. */
@@ -85,7 +88,7 @@ fab_mr_entry* fab_mr_cache_acquire(fab_mr_cache* c, uintptr_t addr, size_t len, 
   uintptr_t end = (addr + (len ? len : 1) + ps - 1) & ~(uintptr_t)(ps - 1);
   *err = 0;
   pthread_mutex_lock(&c->lock);
-  fab_mr_entry* e = find(c, start, end, type, cuda_dev);
+  fab_mr_entry* e = find(c, start, end, type, cuda_dev, owner);
   if (e) {
     e->refs++;
     c->hits++;
@@ -103,6 +106,7 @@ fab_mr_entry* fab_mr_cache_acquire(fab_mr_cache* c, uintptr_t addr, size_t len, 
   e->len = end - start;
   e->type = type;
   e->cuda_dev = cuda_dev;
+  e->owner = owner;
   e->refs = 1;
   e->cached = 1;
   int rc = reg ? reg(arg, e) : 0;
@@ -139,6 +143,7 @@ void fab_mr_cache_release(fab_mr_cache* c, fab_mr_entry* e, fab_mr_close_fn clos
 
 typedef struct {
   fab_device* dev;
+  fab_endpoint* ep; /* binds the registration (FI_MR_ENDPOINT) */
   int dmabuf_fd;
   uint64_t dmabuf_offset;
 } reg_args;
@@ -171,7 +176,12 @@ static int fi_backend_reg(void* arg, fab_mr_entry* e) {
   }
 #endif
   int rc = fi_mr_regattr(dom->domain, &attr, flags, &e->mr);
-  if (rc != 0) return rc;
+  if (rc == 0 && e->owner) rc = fab_ep_bind_mr(a->ep, e->mr);
+  if (rc != 0) {
+    if (e->mr) fi_close(&e->mr->fid);
+    e->mr = NULL;
+    return rc;
+  }
   e->desc = fi_mr_desc(e->mr);
   e->key = fi_mr_key(e->mr);
   e->access = attr.access;
@@ -186,8 +196,9 @@ static void fi_backend_close(void* arg, fab_mr_entry* e) {
 
 /* --- handles ------------------------------------------------------------- */
 
-static fab_result reg_entry(fab_device* dev, fab_mr* m, int fd, uint64_t offset, const char* fn) {
-  reg_args a = {.dev = dev, .dmabuf_fd = fd, .dmabuf_offset = offset};
+static fab_result reg_entry(fab_endpoint* ep, fab_mr* m, int fd, uint64_t offset, const char* fn) {
+  fab_device* dev = ep->dev;
+  reg_args a = {.dev = dev, .ep = ep, .dmabuf_fd = fd, .dmabuf_offset = offset};
   int err = 0;
   if (fd >= 0) {
     /* A dma-buf registration is private: NCCL closes the fd after the call. */
@@ -200,13 +211,14 @@ static fab_result reg_entry(fab_device* dev, fab_mr* m, int fd, uint64_t offset,
     e->len = m->len;
     e->type = m->type;
     e->cuda_dev = m->cuda_dev;
+    e->owner = m->owner;
     e->refs = 1;
     err = fi_backend_reg(&a, e);
     if (err) free(e);
     else m->entry = e;
   } else {
-    m->entry = fab_mr_cache_acquire(dev->dom->mr_cache, m->addr, m->len, m->type, m->cuda_dev, fi_backend_reg, &a,
-                                    &err);
+    m->entry = fab_mr_cache_acquire(dev->dom->mr_cache, m->addr, m->len, m->type, m->cuda_dev, m->owner,
+                                    fi_backend_reg, &a, &err);
   }
   if (!m->entry) {
     FAB_WARN("%s: registering %zu bytes at %p (%s memory) on %s/%s failed: %s. Check the memory lock limit "
@@ -222,11 +234,12 @@ static fab_result reg_entry(fab_device* dev, fab_mr* m, int fd, uint64_t offset,
 
 fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle,
                            const char* fn) {
-  return fab_mr_register_on(c->dev, c->ep->dev, data, size, type, offset, fd, mhandle, fn);
+  return fab_mr_register_on(c->dev, c->ep, data, size, type, offset, fd, mhandle, fn);
 }
 
-fab_result fab_mr_register_on(fab_device* named, fab_device* dev, void* data, size_t size, int type, uint64_t offset,
+fab_result fab_mr_register_on(fab_device* named, fab_endpoint* ep, void* data, size_t size, int type, uint64_t offset,
                               int fd, void** mhandle, const char* fn) {
+  fab_device* dev = ep->dev;
   if (type != FAB_PTR_HOST && type != FAB_PTR_CUDA) {
     FAB_WARN("%s: memory type %d is not NCCL_PTR_HOST (1) or NCCL_PTR_CUDA (2)", fn, type);
     return FAB_ERR_INTERNAL;
@@ -248,6 +261,7 @@ fab_result fab_mr_register_on(fab_device* named, fab_device* dev, void* data, si
   m->type = type;
   m->cuda_dev = -1;
   m->dev = dev;
+  m->owner = dev->mr_endpoint ? ep : NULL;
   m->key = FI_KEY_NOTAVAIL;
   atomic_init(&m->refs, 1); /* the handle */
   if (type == FAB_PTR_CUDA) {
@@ -260,7 +274,7 @@ fab_result fab_mr_register_on(fab_device* named, fab_device* dev, void* data, si
     }
   }
   if (fd >= 0 || type == FAB_PTR_CUDA || dev->reg_host) {
-    fab_result rc = reg_entry(dev, m, fd, offset, fn);
+    fab_result rc = reg_entry(ep, m, fd, offset, fn);
     if (rc != FAB_OK) {
       free(m);
       return rc;
@@ -365,8 +379,14 @@ fab_result fab_mr_resolve_fail(fab_comm* c, void* mhandle, const void* data, siz
              (void*)m->addr, m->len);
     return FAB_ERR_INTERNAL;
   }
-  FAB_WARN("%s: memory handle registered on device %s used on device %s; register on a comm of this device", fn,
-           m->dev->name, c->ep->dev->name);
+  if (m->dev != c->ep->dev) {
+    FAB_WARN("%s: memory handle registered on device %s used on device %s; register on a comm of this device", fn,
+             m->dev->name, c->ep->dev->name);
+    return FAB_ERR_INTERNAL;
+  }
+  FAB_WARN("%s: memory handle registered with another comm's endpoint; provider %s binds registrations to an "
+           "endpoint (FI_MR_ENDPOINT, so regIsGlobal is 0 here): register the buffer with this comm", fn,
+           fab_device_provider(c->ep->dev));
   return FAB_ERR_INTERNAL;
 }
 

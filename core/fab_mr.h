@@ -26,6 +26,7 @@ typedef struct fab_mr_entry {
   void* desc;
   uint64_t key;    /* remote key (FI_KEY_NOTAVAIL without a registration) */
   uint64_t access; /* access flags granted */
+  const fab_endpoint* owner; /* FI_MR_ENDPOINT: the endpoint it is bound to (NULL: the whole domain's) */
 } fab_mr_entry;
 
 typedef struct fab_mr {
@@ -39,6 +40,7 @@ typedef struct fab_mr {
   _Atomic int gone;  /* deregistered while receives still held it: those receives fail */
   fab_mr_entry* entry;
   fab_device* dev; /* physical device whose domain holds entry */
+  const fab_endpoint* owner; /* FI_MR_ENDPOINT: the one endpoint it serves (the comm's); NULL: any */
   void* handle;
   fab_list node; /* in the cache's handle list */
   /* offered to a connection's peer (Neuron's one-sided calls,
@@ -64,10 +66,11 @@ struct fab_mr_cache {
 fab_mr_cache* fab_mr_cache_create(void);
 /* Closes whatever is left (close may be NULL) and frees the cache. */
 void fab_mr_cache_destroy(fab_mr_cache* c, fab_mr_close_fn close, void* arg);
-/* A registration covering [addr, addr+len) of this type, new or shared.
+/* A registration covering [addr, addr+len) of this type for owner (NULL:
+ * the domain's; else one endpoint's, FI_MR_ENDPOINT), new or shared.
  * Returns NULL with *err (negative fi errno) set when registering failed. */
 fab_mr_entry* fab_mr_cache_acquire(fab_mr_cache* c, uintptr_t addr, size_t len, int type, int cuda_dev,
-                                   fab_mr_reg_fn reg, void* arg, int* err);
+                                   const fab_endpoint* owner, fab_mr_reg_fn reg, void* arg, int* err);
 void fab_mr_cache_release(fab_mr_cache* c, fab_mr_entry* e, fab_mr_close_fn close, void* arg);
 
 /* The API behind fab_reg_mr / fab_reg_mr_dmabuf / fab_dereg_mr, on the
@@ -75,8 +78,9 @@ void fab_mr_cache_release(fab_mr_cache* c, fab_mr_entry* e, fab_mr_close_fn clos
 fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint64_t offset, int fd,
                            void** mhandle, const char* fn);
 /* The same without a comm: named is the device the runtime named (it may be
- * virtual), dev the physical one whose domain registers. */
-fab_result fab_mr_register_on(fab_device* named, fab_device* dev, void* data, size_t size, int type, uint64_t offset,
+ * virtual), ep the endpoint that will use the registration (its physical
+ * device's domain registers; FI_MR_ENDPOINT binds it to ep). */
+fab_result fab_mr_register_on(fab_device* named, fab_endpoint* ep, void* data, size_t size, int type, uint64_t offset,
                               int fd, void** mhandle, const char* fn);
 fab_result fab_mr_deregister(void* mhandle);
 
@@ -105,7 +109,7 @@ static inline __attribute__((always_inline)) fab_result fab_mr_resolve(fab_comm*
   fab_mr* m = c->mr_last;
   if (FAB_UNLIKELY(mhandle != c->mr_last_handle || gen != c->mr_last_gen)) {
     m = fab_obj_get(mhandle, FAB_OBJ_MR);
-    if (FAB_UNLIKELY(!m || (m->desc && m->dev != c->ep->dev)))
+    if (FAB_UNLIKELY(!m || (m->desc && m->dev != c->ep->dev) || (m->owner && m->owner != c->ep)))
       return *out = NULL, fab_mr_resolve_fail(c, mhandle, data, size, fn);
     c->mr_last_handle = mhandle;
     c->mr_last = m;

@@ -15,6 +15,7 @@ typedef struct nic_profile {
   const char* name;
   size_t cq_data_size;    /* bytes of remote CQ data */
   int mr_local;           /* FI_MR_LOCAL: the engine registers every buffer and passes descriptors */
+  int mr_endpoint;        /* FI_MR_ENDPOINT: the engine keeps registrations per endpoint, and checks their use */
   uint64_t msg_order;     /* the ordering bits it can grant (tx and rx) */
   size_t inject_max;      /* its inject size, where smaller than the carrier's (0: the carrier's) */
   size_t mr_key_size;     /* bytes of a remote key */
@@ -30,10 +31,13 @@ static const nic_profile profiles[] = {
     /* EFA_CQ_DATA_SIZE (4); the RDM entry's mr_mode has FI_MR_LOCAL; its msg_order is FI_ORDER_SAS and atomic
      * orderings only (no write-after-write); inject: SHM_MAX_INJECT_SIZE (4096) where shm transfer is on;
      * mr_key_size: an ibv_sge lkey (4 bytes) */
-    {"efa", 4, 1, FI_ORDER_SAS, 4096, 4},
+    {"efa", 4, 1, 0, FI_ORDER_SAS, 4096, 4},
     /* cq_data_size: ibv_send_wr's imm_data (4 bytes); FI_MR_LOCAL; VERBS_MSG_ORDER keeps RMA write ordering
      * (RC queue pairs), so the carrier's stays; mr_key_size: an ibv_sge lkey */
-    {"verbs", 4, 1, ~(uint64_t)0, 0, 4},
+    {"verbs", 4, 1, 0, ~(uint64_t)0, 0, 4},
+    /* prov/cxi/src/cxip_info.c: every entry's mr_mode has FI_MR_ENDPOINT (with FI_MR_PROV_KEY and FI_MR_ALLOCATED,
+     * left to the carrier); cq_data_size CXIP_REMOTE_CQ_DATA_SZ (8) */
+    {"cxi", 8, 0, 1, ~(uint64_t)0, 0, 0},
 };
 
 /* The profile FABRIC_NIC_PROFILE names (params.toml lists the names: any
@@ -67,6 +71,11 @@ struct fi_info* fab_nic_profile_apply(struct fi_info* list, uint64_t asked_order
 int fab_nic_profile_mr_local(void) {
   const nic_profile* p = selected();
   return p && p->mr_local;
+}
+
+int fab_nic_profile_mr_endpoint(void) {
+  const nic_profile* p = selected();
+  return p && p->mr_endpoint;
 }
 
 /* Whether a remote write's completion says how many bytes it placed (fi_cq

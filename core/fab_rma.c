@@ -80,12 +80,15 @@ ssize_t fab_rma_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, vo
   return fi_read(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
 }
 
-int fab_rma_buf_reg(fab_device* dev, void* buf, size_t len, uint64_t access, fab_rma_buf* out) {
+int fab_rma_buf_reg(fab_endpoint* ep, void* buf, size_t len, uint64_t access, fab_rma_buf* out) {
+  fab_device* dev = ep->dev;
   fab_domain* dom = dev->dom;
   uint64_t key = dev->prov_key ? 0 : atomic_fetch_add(&dom->next_key, 1);
   out->mr = NULL;
   int rc = fi_mr_reg(dom->domain, buf, len, access, 0, key, 0, &out->mr, NULL);
+  if (rc == 0) rc = fab_ep_bind_mr(ep, out->mr);
   if (rc != 0) {
+    if (out->mr) fi_close(&out->mr->fid);
     out->mr = NULL;
     return rc;
   }

@@ -63,7 +63,9 @@ typedef struct fab_rma_buf {
   void* desc;
   fab_window win;
 } fab_rma_buf;
-int fab_rma_buf_reg(fab_device* dev, void* buf, size_t len, uint64_t access, fab_rma_buf* out);
+/* Registers buf for the given access on ep's device, bound to ep where the
+ * provider asks (FI_MR_ENDPOINT). 0 or a negative fi errno. */
+int fab_rma_buf_reg(fab_endpoint* ep, void* buf, size_t len, uint64_t access, fab_rma_buf* out);
 void fab_rma_buf_dereg(fab_rma_buf* b);
 
 /* A buffer of our own whose peer may still be writing into it when its owner

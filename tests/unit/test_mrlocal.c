@@ -89,3 +89,63 @@ static void run(const char* prov) {
 
 Test(mr_local, tcp) { run("tcp"); }
 Test(mr_local, shm) { run("shm"); }
+
+/* FI_MR_ENDPOINT (cxi), under FABRIC_NIC_PROFILE=cxi on shm: a further send
+ * comm to the same peer gets an endpoint of its own there, so a buffer
+ * registered with the first comm is another endpoint's registration for the
+ * second. Using it there is refused with one WARN that says to register with
+ * that comm (regIsGlobal is 0), and registering it with that comm works. */
+Test(mr_endpoint, registration_serves_its_endpoint) {
+  setenv("FABRIC_NIC_PROFILE", "cxi", 1);
+  setenv("FABRIC_TRANSPORT", "sendrecv", 1);
+  ut_use_provider("shm");
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  cr_assert(fab_g.devs[0]->mr_endpoint, "the cxi profile keeps registrations per endpoint");
+  fab_properties p;
+  cr_assert_eq(api->get_properties(0, &p), FAB_OK);
+  cr_expect_eq(p.reg_is_global, 0);
+  void *s1, *r1, *l1, *s2 = NULL, *r2 = NULL;
+  loopback(ctx, &s1, &r1, &l1);
+  unsigned char h[FAB_HANDLE_SIZE];
+  void* l2;
+  cr_assert_eq(api->listen(ctx, 0, h, &l2), FAB_OK);
+  for (int64_t end = ut_now_ms() + 20000; !s2 || !r2;) { /* a second pair to the same peer endpoint */
+    cr_assert_lt(ut_now_ms(), end);
+    if (!s2) cr_assert_eq(api->connect(ctx, 0, NULL, h, &s2, NULL), FAB_OK);
+    if (!r2) cr_assert_eq(api->accept(l2, &r2, NULL), FAB_OK);
+  }
+  fab_comm* c1 = fab_obj_get(s1, FAB_OBJ_SEND);
+  fab_comm* c2 = fab_obj_get(s2, FAB_OBJ_SEND);
+  cr_assert_neq(c1->ep, c2->ep, "on shm, a second send comm to a peer gets an endpoint of its own");
+  char buf[256];
+  void *mh1, *mh2, *q = NULL;
+  cr_assert_eq(api->reg_mr(s1, buf, sizeof buf, FAB_PTR_HOST, &mh1), FAB_OK);
+  ut_reset_warns();
+  cr_expect_eq(api->isend(s2, buf, 64, 3, mh1, NULL, &q), FAB_ERR_INTERNAL, "another endpoint's registration");
+  cr_expect_eq(ut_warns(), 1);
+  cr_assert_eq(api->reg_mr(s2, buf, sizeof buf, FAB_PTR_HOST, &mh2), FAB_OK);
+  void* d = buf + 128;
+  size_t rsz = 64;
+  int tag = 3;
+  void* rq = NULL;
+  void* rmh;
+  cr_assert_eq(api->reg_mr(r2, buf + 128, 128, FAB_PTR_HOST, &rmh), FAB_OK);
+  while (!rq) cr_assert_eq(api->irecv(r2, 1, &d, &rsz, &tag, &rmh, NULL, &rq), FAB_OK);
+  while (!q) cr_assert_eq(api->isend(s2, buf, 64, 3, mh2, NULL, &q), FAB_OK);
+  for (int done = 0, n = 0; !done; n++) {
+    cr_assert_lt(n, 10000000);
+    cr_assert_eq(api->test(rq, &done, NULL), FAB_OK);
+  }
+  for (int done = 0; !done;) cr_assert_eq(api->test(q, &done, NULL), FAB_OK);
+  cr_assert_eq(api->dereg_mr(s1, mh1), FAB_OK);
+  cr_assert_eq(api->dereg_mr(s2, mh2), FAB_OK);
+  cr_assert_eq(api->dereg_mr(r2, rmh), FAB_OK);
+  cr_assert_eq(api->close_send(s2), FAB_OK);
+  cr_assert_eq(api->close_recv(r2), FAB_OK);
+  cr_assert_eq(api->close_listen(l2), FAB_OK);
+  cr_assert_eq(api->close_send(s1), FAB_OK);
+  cr_assert_eq(api->close_recv(r1), FAB_OK);
+  cr_assert_eq(api->close_listen(l1), FAB_OK);
+  cr_assert_eq(api->finalize(ctx), FAB_OK);
+}

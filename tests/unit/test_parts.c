@@ -296,27 +296,37 @@ Test(mr_cache, sub_ranges_hit) {
   fab_mr_cache* c = fab_mr_cache_create();
   char* buf = aligned_alloc((size_t)ps, 64 * (size_t)ps);
   int err;
-  fab_mr_entry* big = fab_mr_cache_acquire(c, (uintptr_t)buf + 5, 64 * (size_t)ps - 10, FAB_PTR_HOST, -1, fake_reg,
-                                           NULL, &err);
+  fab_mr_entry* big =
+      fab_mr_cache_acquire(c, (uintptr_t)buf + 5, 64 * (size_t)ps - 10, FAB_PTR_HOST, -1, NULL, fake_reg, NULL, &err);
   cr_assert_not_null(big);
   cr_assert_eq(big->base, (uintptr_t)buf, "page aligned down");
   cr_assert_eq(big->len, 64 * (size_t)ps, "page aligned up");
   cr_assert_eq(g_regs, 1);
   for (int i = 0; i < 100; i++) {
     fab_mr_entry* sub =
-        fab_mr_cache_acquire(c, (uintptr_t)buf + (size_t)i * 97, 1000, FAB_PTR_HOST, -1, fake_reg, NULL, &err);
+        fab_mr_cache_acquire(c, (uintptr_t)buf + (size_t)i * 97, 1000, FAB_PTR_HOST, -1, NULL, fake_reg, NULL, &err);
     cr_assert_eq(sub, big, "a sub-range shares the registration");
   }
   cr_assert_eq(g_regs, 1, "no new registration for sub-ranges");
   cr_assert_eq(big->refs, 101);
-  fab_mr_entry* cuda = fab_mr_cache_acquire(c, (uintptr_t)buf, 100, FAB_PTR_CUDA, 0, fake_reg, NULL, &err);
+  fab_mr_entry* cuda = fab_mr_cache_acquire(c, (uintptr_t)buf, 100, FAB_PTR_CUDA, 0, NULL, fake_reg, NULL, &err);
   cr_assert_neq(cuda, big, "another memory type is another registration");
   cr_assert_eq(g_regs, 2);
+  /* FI_MR_ENDPOINT: a registration serves one endpoint; another endpoint's is another registration */
+  const fab_endpoint* ep_a = (const fab_endpoint*)(uintptr_t)0x1000;
+  fab_mr_entry* bound = fab_mr_cache_acquire(c, (uintptr_t)buf, 100, FAB_PTR_HOST, -1, ep_a, fake_reg, NULL, &err);
+  cr_assert(bound && bound != big && bound->owner == ep_a);
+  cr_assert_eq(fab_mr_cache_acquire(c, (uintptr_t)buf + 8, 8, FAB_PTR_HOST, -1, ep_a, fake_reg, NULL, &err), bound,
+               "the same endpoint shares it");
+  cr_assert_eq(g_regs, 3);
+  fab_mr_cache_release(c, bound, fake_close, NULL);
+  fab_mr_cache_release(c, bound, fake_close, NULL);
+  g_regs = 2, g_closes = 0;
   for (int i = 0; i < 100; i++) fab_mr_cache_release(c, big, fake_close, NULL);
   cr_assert_eq(g_closes, 0, "still referenced");
   fab_mr_cache_release(c, big, fake_close, NULL);
   cr_assert_eq(g_closes, 1, "the last release closes the registration");
-  fab_mr_entry* again = fab_mr_cache_acquire(c, (uintptr_t)buf + 100, 10, FAB_PTR_HOST, -1, fake_reg, NULL, &err);
+  fab_mr_entry* again = fab_mr_cache_acquire(c, (uintptr_t)buf + 100, 10, FAB_PTR_HOST, -1, NULL, fake_reg, NULL, &err);
   cr_assert_eq(g_regs, 3, "released ranges are registered anew");
   fab_mr_cache_release(c, again, fake_close, NULL);
   fab_mr_cache_release(c, cuda, fake_close, NULL);
@@ -333,19 +343,19 @@ Test(mr_cache, overlapping_and_many) {
   int err;
   fab_mr_entry* e[64];
   for (int i = 0; i < 64; i++) {
-    e[i] = fab_mr_cache_acquire(c, base + (uintptr_t)i * 4 * ps, 2 * ps, FAB_PTR_HOST, -1, fake_reg, NULL, &err);
+    e[i] = fab_mr_cache_acquire(c, base + (uintptr_t)i * 4 * ps, 2 * ps, FAB_PTR_HOST, -1, NULL, fake_reg, NULL, &err);
     cr_assert_not_null(e[i]);
   }
   cr_assert_eq(g_regs, 64);
   /* A range across two registrations needs its own. */
-  fab_mr_entry* span = fab_mr_cache_acquire(c, base + ps, 4 * ps, FAB_PTR_HOST, -1, fake_reg, NULL, &err);
+  fab_mr_entry* span = fab_mr_cache_acquire(c, base + ps, 4 * ps, FAB_PTR_HOST, -1, NULL, fake_reg, NULL, &err);
   cr_assert_eq(g_regs, 65);
   /* A range inside the big one now hits it (found by the backward scan). */
-  fab_mr_entry* in = fab_mr_cache_acquire(c, base + 4 * ps + 10, 100, FAB_PTR_HOST, -1, fake_reg, NULL, &err);
+  fab_mr_entry* in = fab_mr_cache_acquire(c, base + 4 * ps + 10, 100, FAB_PTR_HOST, -1, NULL, fake_reg, NULL, &err);
   cr_assert(in == span || in == e[1]);
   cr_assert_eq(g_regs, 65);
   for (int i = 0; i < 64; i++) {
-    fab_mr_entry* hit = fab_mr_cache_acquire(c, base + (uintptr_t)i * 4 * ps + ps, ps, FAB_PTR_HOST, -1, fake_reg,
+    fab_mr_entry* hit = fab_mr_cache_acquire(c, base + (uintptr_t)i * 4 * ps + ps, ps, FAB_PTR_HOST, -1, NULL, fake_reg,
                                              NULL, &err);
     cr_assert(hit == e[i] || hit == span, "page %d missed", i);
     fab_mr_cache_release(c, hit, fake_close, NULL);
@@ -362,7 +372,7 @@ Test(mr_cache, overlapping_and_many) {
 Test(mr_cache, failed_registration) {
   fab_mr_cache* c = fab_mr_cache_create();
   int err = 0;
-  cr_assert_null(fab_mr_cache_acquire(c, 0x200000000ULL, 10, FAB_PTR_HOST, -1, fail_reg, NULL, &err));
+  cr_assert_null(fab_mr_cache_acquire(c, 0x200000000ULL, 10, FAB_PTR_HOST, -1, NULL, fail_reg, NULL, &err));
   cr_assert_eq(err, -FI_ENOMEM);
   cr_assert_eq(c->n, 0, "a failed registration is not cached");
   fab_mr_cache_destroy(c, fake_close, NULL);

@@ -19,7 +19,7 @@ static fab_result rd_comm_init(fab_comm* c) {
     return FAB_ERR_SYSTEM;
   }
   memset(s->box, 0, len);
-  int rc = fab_rma_buf_reg(c->ep->dev, s->box, len, FI_REMOTE_WRITE | FI_WRITE, &s->box_mr);
+  int rc = fab_rma_buf_reg(c->ep, s->box, len, FI_REMOTE_WRITE | FI_WRITE, &s->box_mr);
   if (rc != 0) {
     FAB_WARN("connect: registering the rdma mailbox on %s failed: %s", c->ep->dev->name, fi_strerror(-rc));
     free(s->box);

@@ -44,7 +44,7 @@ fab_result rd_eager_recv_init(fab_comm* c) {
     FAB_WARN("accept: out of memory for the rdma eager ring (%zu bytes; FABRIC_EAGER_MAX=0 turns it off)", len);
     return FAB_ERR_SYSTEM;
   }
-  int err = fab_rma_buf_reg(c->ep->dev, rc->ring, len, FI_REMOTE_WRITE, &rc->ring_mr);
+  int err = fab_rma_buf_reg(c->ep, rc->ring, len, FI_REMOTE_WRITE, &rc->ring_mr);
   if (err) {
     FAB_WARN("accept: registering the rdma eager ring on %s failed: %s", c->ep->dev->name, fi_strerror(-err));
     free(rc->ring);
@@ -100,7 +100,7 @@ fab_result rd_eager_connected(fab_comm* c, const void* in, size_t len) {
   }
   size_t len_stage = round_page((size_t)RD_EAGER_SLOTS * w.slot_size);
   s->stage = aligned_alloc(4096, len_stage);
-  if (!s->stage || fab_rma_buf_reg(c->ep->dev, s->stage, len_stage, FI_WRITE | FI_SEND, &s->stage_mr) != 0) {
+  if (!s->stage || fab_rma_buf_reg(c->ep, s->stage, len_stage, FI_WRITE | FI_SEND, &s->stage_mr) != 0) {
     FAB_WARN("connect to %s: no memory for the eager staging buffer (%zu bytes); FABRIC_EAGER_MAX=0 turns the "
              "eager path off", c->peer_name, len_stage);
     free(s->stage);
