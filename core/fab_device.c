@@ -281,9 +281,9 @@ static int auto_avoids(const fab_transport_ops* t, const char* prov, int last) {
   return 0;
 }
 
-/* The most preferred candidate that can run on provider prov. */
 static const char* unfit_reason(const struct fi_info* list, const char* prov, const fab_transport_ops* t);
 
+/* The most preferred candidate that can run on provider prov. */
 static const fab_transport_ops* choose_transport(const fab_transport_ops* const* cands, int n, const char* prov) {
   for (int i = 0; i < n; i++) {
     if (auto_avoids(cands[i], prov, i + 1 == n)) {
