@@ -626,14 +626,6 @@ int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr,
   return 0;
 }
 
-int fab_ep_bind_mr(fab_endpoint* ep, struct fid_mr* mr) {
-  if (!ep->dev->mr_endpoint) return 0;
-  int rc = fi_mr_bind(mr, &ep->ep->fid, 0);
-  if (rc == 0) rc = fi_mr_enable(mr);
-  /* emulated (FABRIC_NIC_PROFILE=cxi): the calls are made as on cxi, and a carrier that does not bind says so */
-  if (ep->dev->mr_endpoint_emulated && (rc == -FI_ENOSYS || rc == -FI_EOPNOTSUPP)) rc = 0;
-  return rc;
-}
 
 void fab_ep_ctrl_dereg(struct fid_mr* mr) {
   if (mr) fi_close(&mr->fid);

@@ -469,8 +469,16 @@ void fab_ep_park(fab_endpoint* ep, fab_parked* p);
  * (FI_MR_LOCAL); returns 0 or a negative fi errno. */
 int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr, void** desc);
 /* FI_MR_ENDPOINT: binds registration mr to ep and enables it (nothing where
- * the device does not bind, or only emulates it); 0 or a negative fi errno. */
-int fab_ep_bind_mr(fab_endpoint* ep, struct fid_mr* mr);
+ * the device does not ask it); 0 or a negative fi errno. Inline here, below
+ * the registration and endpoint code that both call it. */
+static inline int fab_ep_bind_mr(fab_endpoint* ep, struct fid_mr* mr) {
+  if (!ep->dev->mr_endpoint) return 0;
+  int rc = fi_mr_bind(mr, &ep->ep->fid, 0);
+  if (rc == 0) rc = fi_mr_enable(mr);
+  /* emulated (FABRIC_NIC_PROFILE=cxi): the calls are made as on cxi; a carrier that does not bind says so */
+  if (ep->dev->mr_endpoint_emulated && (rc == -FI_ENOSYS || rc == -FI_EOPNOTSUPP)) rc = 0;
+  return rc;
+}
 void fab_ep_ctrl_dereg(struct fid_mr* mr);
 /* Sends a copy of msg (an untagged control message) to peer, best effort:
  * the copy frees itself when the send completes or fails. Retries while the
