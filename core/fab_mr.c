@@ -353,6 +353,8 @@ fab_result fab_mr_deregister(void* mhandle) {
   int held = atomic_load_explicit(&m->refs, memory_order_acquire) - 1;
   if (held > 0) {
     atomic_store_explicit(&m->gone, 1, memory_order_release);
+    /* again, after gone: a receive that saw the generation move also sees gone (rd_recv_check_gone) */
+    atomic_fetch_add_explicit(&fab_mr_generation, 1, memory_order_acq_rel);
     FAB_WARN("deregMr: %p still backs %d operation%s (receives announced to a peer, or sends waiting for their "
              "receive); the peer's writes into such receives are now refused, such sends are not written, and both "
              "fail with an error; deregister after they complete, or close their comm first",

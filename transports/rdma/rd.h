@@ -101,6 +101,7 @@ struct rd_rsub {
 
 typedef struct rd_rreq {
   struct rd_rsub sub[FAB_MAX_RECVS];
+  _Atomic uint64_t gone_gen; /* fab_mr_generation when its buffers were last checked for deregistration */
 } rd_rreq;
 
 typedef struct rd_backlog_entry {

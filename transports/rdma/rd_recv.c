@@ -176,6 +176,8 @@ fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const 
   if (FAB_UNLIKELY(frc != FAB_OK)) return frc;
   fab_req* r = fab_req_get(c, FAB_REQ_RECV, n, n);
   if (FAB_UNLIKELY(!r)) return FAB_OK;
+  atomic_store_explicit(&rd_rq(r)->gone_gen, atomic_load_explicit(&fab_mr_generation, memory_order_acquire),
+                        memory_order_relaxed);
   r->size = sizes[0];
   r->tag = tags[0];
   ssize_t err = 0;
@@ -378,25 +380,31 @@ void rd_recv_give_up(fab_req* r) {
 }
 
 /* test of r: a buffer whose registration was deregistered while it was
- * announced can never be written (the provider refuses the key): it fails. */
+ * announced can never be written (the provider refuses the key): it fails.
+ * Looked at only when a deregistration happened since the last look (the
+ * generation moves after gone is set), and under the endpoint lock: another
+ * thread's progress may complete the buffer and drop its registration (the
+ * last hold frees it) at any time. */
 void rd_recv_check_gone(fab_comm* c, fab_req* r) {
+  rd_rreq* q = rd_rq(r);
+  uint64_t gen = atomic_load_explicit(&fab_mr_generation, memory_order_acquire);
+  if (FAB_LIKELY(gen == atomic_load_explicit(&q->gone_gen, memory_order_relaxed))) return;
+  pthread_mutex_lock(&c->ep->lock);
+  atomic_store_explicit(&q->gone_gen, gen, memory_order_relaxed);
   for (int k = 0; k < r->n; k++) {
-    rd_rsub* b = &rd_rq(r)->sub[k];
-    if (!b->mr || !atomic_load_explicit(&b->mr->gone, memory_order_acquire)) continue;
-    pthread_mutex_lock(&c->ep->lock);
-    if (sub_get(b) != RD_SUB_DONE && b->mr) {
-      if (r->result == FAB_OK) {
-        char msg[256];
-        snprintf(msg, sizeof(msg), "receive of %zu bytes (tag %d) from %s failed: its buffer was deregistered while "
-                 "the receive was posted", b->size, b->ctrl.tag, c->peer_name);
-        r->result = FAB_ERR_INVALID_USAGE;
-        r->errmsg = strdup(msg);
-      }
-      sub_finish(b);
-      fab_req_op_done(r, 1);
+    rd_rsub* b = &q->sub[k];
+    if (sub_get(b) == RD_SUB_DONE || !b->mr || !atomic_load_explicit(&b->mr->gone, memory_order_acquire)) continue;
+    if (r->result == FAB_OK) {
+      char msg[256];
+      snprintf(msg, sizeof(msg), "receive of %zu bytes (tag %d) from %s failed: its buffer was deregistered while "
+               "the receive was posted", b->size, b->ctrl.tag, c->peer_name);
+      r->result = FAB_ERR_INVALID_USAGE;
+      r->errmsg = strdup(msg);
     }
-    pthread_mutex_unlock(&c->ep->lock);
+    sub_finish(b);
+    fab_req_op_done(r, 1);
   }
+  pthread_mutex_unlock(&c->ep->lock);
 }
 
 /* The comm is freed (libfabric no longer references it): its buffers let go
