@@ -51,8 +51,8 @@ fail=0
 # helper), then its tail.
 show_failed() { # log
   local log=$1 names
-  names=$(sed -n 's/^\[FAIL\] [a-z_]*::\([a-z0-9_]*\).*/\1/p' "$log" | sort -u)
-  for n in $names; do echo "    --- lines of $n:"; grep -F "[$n " "$log" | head -40 | sed 's/^/    /'; done
+  names=$(sed -n 's/^\[FAIL\] [a-z_]*::\([a-z0-9_]*\).*/\1/p' "$log" | sort -u) # (logs may hold binary bytes)
+  for n in $names; do echo "    --- lines of $n:"; grep -aF "[$n " "$log" | head -40 | sed 's/^/    /'; done
   echo "    --- last lines:"; tail -15 "$log" | sed 's/^/    /'
 }
 # A Criterion run whose failed cases pass when rerun alone is reported as FLAKY, with the first run's lines
