@@ -14,6 +14,7 @@
 #                             the chosen versions' shims, exporting exactly their
 #                             tables. VERSIONS are the net family's. Families
 #                             of one library only (a spec's [family].library).
+#   FABRIC_<FAMILY>_VERSIONS  "all" is replaced by every version abi/ exports.
 
 get_filename_component(FABRIC_TOP ${CMAKE_CURRENT_LIST_DIR} DIRECTORY)
 set(FABRIC_CODEGEN_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/generate.py)
@@ -83,6 +84,15 @@ if(_stamp)
 endif()
 
 include(${FABRIC_GENERATED_DIR}/exports/fabric_exports.cmake)
+
+# FABRIC_<FAMILY>_VERSIONS=all: every version the specs export (a normal variable that shadows the cache
+# entry here and in every subdirectory, so the tests see the list).
+foreach(_fam NET RMA GIN NEURON)
+  string(TOLOWER "${FABRIC_${_fam}_VERSIONS}" _wanted)
+  if(_wanted STREQUAL "all")
+    set(FABRIC_${_fam}_VERSIONS ${FABRIC_GEN_${_fam}_VERSIONS})
+  endif()
+endforeach()
 
 # Warnings that catch a spec/core mismatch in generated code as an error.
 set(FABRIC_GENERATED_C_FLAGS -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=return-type)

@@ -44,6 +44,9 @@ def parse_args(argv):
     p.add_argument("--check-upstream", metavar="DIR",
                    help="compare every described table and struct with the plugin headers under DIR "
                         "(a NCCL checkout's src/include/plugin); exit 1 on any difference")
+    p.add_argument("--ignore", action="append", metavar="FAMILY[:VERSIONS]",
+                   help="with --check-upstream: upstream versions (17, 15-17, 17-) of a family, or the whole "
+                        "family, that the specs knowingly lack; repeatable")
     p.add_argument("--import", dest="import_dir", metavar="DIR",
                    help="print the spec delta for --family/--version from the headers under DIR")
     p.add_argument("--family", help="with --import: the family (net, rma, gin, neuron)")
@@ -111,7 +114,12 @@ def against_upstream(args):
             print(f"error: {e}", file=sys.stderr)
             return 1
         return 0
-    diffs, notes = upstream.check(spec, headers, args.spec_dir)
+    try:
+        ignores = upstream.parse_ignores(spec, args.ignore)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    diffs, notes = upstream.check(spec, headers, args.spec_dir, ignores)
     for n in notes:
         print(f"note: {n}")
     for d in diffs:

@@ -2,7 +2,9 @@
 
 A type is written the way C spells it: "int", "const char*", "void**",
 "ncclNetProperties_v8_t*", "int[NCCL_NET_MAX_DEVS_PER_NIC_V9]" (a struct field
-array) or "void*[]" (a parameter written as an array, e.g. handles[]).
+array), "void*[]" (a parameter written as an array, e.g. handles[]) or
+"volatile uint32_t*" (qualifiers const and volatile, before the base type,
+apply to what the pointer points at; they change no size or offset).
 """
 
 from __future__ import annotations
@@ -36,26 +38,31 @@ POINTER = (8, 8)
 ENUM = (4, 4)
 ENUM_RANGE = _I(32)
 
-_TYPE = re.compile(r"^(const\s+)?([A-Za-z_][A-Za-z0-9_]*(?:\s+[A-Za-z_][A-Za-z0-9_]*)*)\s*(\**)\s*(\[\s*([A-Za-z0-9_]*)\s*\])?$")
+_TYPE = re.compile(r"^((?:(?:const|volatile)\s+)*)([A-Za-z_][A-Za-z0-9_]*(?:\s+[A-Za-z_][A-Za-z0-9_]*)*)\s*(\**)\s*(\[\s*([A-Za-z0-9_]*)\s*\])?$")
 
 
 @dataclass(frozen=True)
 class TypeRef:
-    """One use of a type: base name, const, pointer depth, optional array."""
+    """One use of a type: base name, qualifiers, pointer depth, optional array."""
     base: str
     const: bool = False
     ptr: int = 0
     array: str | None = None     # None, "" for "T name[]" parameters, or a length (number or constant)
+    volatile: bool = False
+
+    @property
+    def qualifiers(self):
+        return ("const " if self.const else "") + ("volatile " if self.volatile else "")
 
     @property
     def spelling(self):
         """The type alone, as it appears in a cast: 'const char*'."""
-        s = ("const " if self.const else "") + self.base + "*" * self.ptr
+        s = self.qualifiers + self.base + "*" * self.ptr
         return s + ("*" if self.array == "" else "")
 
     def decl(self, name):
         """A declaration of name with this type: 'int devs[4]', 'void* handles[]'."""
-        s = ("const " if self.const else "") + self.base + "*" * self.ptr
+        s = self.qualifiers + self.base + "*" * self.ptr
         sep = " " if name else ""
         if self.array is not None:
             return f"{s}{sep}{name}[{self.array}]"
@@ -64,11 +71,11 @@ class TypeRef:
     def pointee(self):
         """The type one pointer level down (T* -> T); arrays count as pointers."""
         if self.array == "":
-            return TypeRef(self.base, self.const, self.ptr)
-        return TypeRef(self.base, self.const, self.ptr - 1)
+            return TypeRef(self.base, self.const, self.ptr, volatile=self.volatile)
+        return TypeRef(self.base, self.const, self.ptr - 1, volatile=self.volatile)
 
     def without_const(self):
-        return TypeRef(self.base, False, self.ptr, self.array)
+        return TypeRef(self.base, False, self.ptr, self.array, self.volatile)
 
     def is_pointer(self):
         return self.ptr > 0 or self.array == ""
@@ -84,12 +91,13 @@ def parse_type(text):
     if not m:
         return None
     base = " ".join(m.group(2).split())
-    if base in ("const",):
+    if base in ("const", "volatile"):
         return None
     array = None
     if m.group(4) is not None:
         array = m.group(5)
-    return TypeRef(base=base, const=bool(m.group(1)), ptr=len(m.group(3)), array=array)
+    quals = m.group(1).split()
+    return TypeRef(base=base, const="const" in quals, ptr=len(m.group(3)), array=array, volatile="volatile" in quals)
 
 
 def align_up(n, a):

@@ -204,6 +204,7 @@ class Family:
     api: str = "fab_api"            # the core table its drivers fill (core/fab_api.h)
     library: str = "nccl-net-fabric"  # the shared library (lib<library>.so) that exports its tables
     export_versions: set = field(default_factory=set)  # versions with an exported table
+    not_described: list = field(default_factory=list)  # [(VRange, reason)] upstream versions left out
 
     def header_for(self, v):
         return self.header.replace("{v}", str(v))

@@ -18,7 +18,7 @@ from .defs import (ARG_CONVS, FIELD_CONVS, IDENT, ApiMember, ArgDef, ArgInst, Ca
                    EnumValue, Family, FieldDef, SlotDef, SlotInst, StructFamily, StructInst, TableInst)
 from .spec import SpecError, load_toml
 from .types import CType, CoreField, CoreFunction, CoreStruct, TypeInfo, primitive_infos
-from .versions import VMap, active, choice_check, read_since_until, string_check
+from .versions import VMap, active, check_disjoint, choice_check, parse_range, read_since_until, string_check
 
 
 class Spec:
@@ -194,7 +194,7 @@ class Spec:
 
     def _family(self, node):
         node.keys({"name", "title", "versions", "table", "symbol", "header", "export", "plugin_name",
-                   "handle_size", "releases", "status", "doc", "api", "library"},
+                   "handle_size", "releases", "status", "doc", "api", "library", "not_described"},
                   {"name", "title", "versions", "table", "symbol", "header", "releases"})
         versions = node.get("versions", list)
         if not versions or any(not isinstance(v, int) or isinstance(v, bool) for v in versions):
@@ -227,6 +227,7 @@ class Spec:
                      None, releases, node.get("status", str, "exported" if exported == set(versions) else ""),
                      node.get("doc", str, ""), node.file, node)
         fam.export_versions = exported
+        fam.not_described = self._not_described(node, versions)
         if exported and not fam.plugin_name:
             raise node.error("an exported family needs plugin_name (the table's name string)")
         if exported != set(versions) and not fam.status:
@@ -249,6 +250,20 @@ class Spec:
                                      "library")
         self.families.append(fam)
         return fam
+
+    @staticmethod
+    def _not_described(node, versions):
+        """[(VRange, reason)]: upstream versions the family knowingly leaves out (--check-upstream)."""
+        if not node.has("not_described"):
+            return []
+        nd, out = node.child("not_described"), []
+        for key in nd.data:
+            r = parse_range(key, nd, key)
+            if any(v in r for v in versions):
+                raise nd.error(f"'{key}' covers versions the family describes ({versions})", key)
+            out.append((r, nd.get(key, str)))
+        check_disjoint([(r, r.text) for r, _ in out], nd)
+        return out
 
     def _table_def(self, fam, node):
         node.keys({"doc", "layout", "slot"}, {"layout", "slot"})

@@ -76,7 +76,7 @@ class CType:
     def element(self):
         """Element type of an array field or of a pointer (T* -> T)."""
         if self.is_array:
-            return CType(ctypes.TypeRef(self.ref.base, self.ref.const, self.ref.ptr), self.info)
+            return CType(ctypes.TypeRef(self.ref.base, self.ref.const, self.ref.ptr, volatile=self.ref.volatile), self.info)
         return CType(self.ref.pointee(), self.info)
 
 

@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 
 from . import ctypes
+from .spec import SpecError
+from .versions import parse_range
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _STRUCT = re.compile(r"\btypedef\s+struct\s*\w*\s*\{")
@@ -51,9 +53,11 @@ class Headers:
     def __init__(self, root):
         self.root = root
         self.structs, self.aliases, self.defines = {}, {}, {}
+        self.files = []
         for dirpath, _, files in sorted(os.walk(root)):
             for name in sorted(files):
                 if name.endswith(".h"):
+                    self.files.append(os.path.relpath(os.path.join(dirpath, name), root))
                     self._read(os.path.join(dirpath, name))
 
     def _read(self, path):
@@ -85,6 +89,23 @@ class Headers:
             seen.add(name)
             name = self.aliases[name][0]
         return self.structs.get(name)
+
+    def where(self, name):
+        """'file:line' of a struct or alias named name."""
+        if name in self.structs:
+            return f"{os.path.join(self.root, self.structs[name].file)}:{self.structs[name].line}"
+        _, rel, line = self.aliases[name]
+        return f"{os.path.join(self.root, rel)}:{line}"
+
+    def versions_of(self, pattern):
+        """{version: name} of every struct or alias named like pattern ("ncclRma_v{v}_t")."""
+        rx = re.compile("^" + re.escape(pattern).replace(re.escape("{v}"), r"(\d+)") + "$")
+        found = {}
+        for name in list(self.structs) + list(self.aliases):
+            m = rx.match(name)
+            if m:
+                found[int(m.group(1))] = name
+        return found
 
     def length(self, text):
         text = (text or "").strip()
@@ -130,7 +151,7 @@ def normalize(type_text):
     ref = ctypes.parse_type(" ".join(type_text.split()))
     if ref is None:
         return " ".join(type_text.split())
-    base = ("const " if ref.const else "") + ref.base + "*" * ref.ptr
+    base = ref.qualifiers + ref.base + "*" * ref.ptr
     return base + ("[]" if ref.array == "" else "")
 
 
@@ -194,6 +215,11 @@ class SpecLines:
             start = nxt
         return 1
 
+    def family_versions(self, label):
+        lines = self._lines(label)
+        hit = self._after(lines, 0, r'^versions\s*=')
+        return hit + 1 if hit is not None else 1
+
     def field(self, label, struct_key, name):
         lines = self._lines(label)
         start = self._after(lines, 0, r'^\[struct\.%s\]' % re.escape(struct_key))
@@ -220,16 +246,87 @@ def _spec_type(defn, v):
 # ---- --check-upstream ---------------------------------------------------------------------------
 
 
-def check(spec, headers, spec_dir):
+def parse_ignores(spec, texts):
+    """--ignore FAMILY[:RANGE] ... -> {family key: [VRange or None]}; ValueError names a bad one."""
+    keys = {f.key: f for f in spec.families}
+    out = {}
+    for text in texts or []:
+        key, _, rng = text.partition(":")
+        if key not in keys:
+            raise ValueError(f"--ignore {text}: no family '{key}' in the specs (have: {', '.join(keys)})")
+        try:
+            out.setdefault(key, []).append(parse_range(rng, keys[key].node, "--ignore") if rng else None)
+        except SpecError:
+            raise ValueError(f"--ignore {text}: '{rng}' is not a version range (write 17, 15-17, 17- or -4)")
+    return out
+
+
+def _ignored(fam, v, ignores):
+    """Why version v of fam may be absent from the specs, or None."""
+    for r in ignores.get(fam.key, []):
+        if r is None or v in r:
+            return "--ignore"
+    for r, reason in fam.not_described:
+        if v in r:
+            return reason
+    return None
+
+
+def coverage(spec, headers, spec_dir, ignores):
+    """Whole versions: (differences, notes). Every table version upstream has and the specs lack is a
+    difference unless ignored; versions only the specs have are a note (NCCL drops the headers of
+    versions it no longer loads; older releases still load them)."""
+    diffs, notes, families = [], [], set()
+    for fam in spec.families:
+        up = headers.versions_of(fam.table)
+        families.add(fam.table.split("_v{v}")[0])
+        if not up:
+            notes.append(f"{fam.key}: no {fam.table.replace('{v}', 'N')} in {headers.root}; its versions are not "
+                         f"compared")
+            continue
+        line = SpecLines(spec_dir).family_versions(fam.file)
+        for v in sorted(set(up) - set(fam.versions)):
+            why = _ignored(fam, v, ignores)
+            if why:
+                notes.append(f"{fam.key} v{v}: in upstream {headers.where(up[v])}, not described ({why})")
+            else:
+                diffs.append(f"{fam.file}:{line}: {fam.key} v{v} is not described here; upstream "
+                             f"{headers.where(up[v])} declares {up[v]}. Draft it with --import DIR --family "
+                             f"{fam.key} --version {v}, or pass --ignore {fam.key}:{v}")
+        only_here = [v for v in fam.versions if v not in up]
+        if only_here:
+            notes.append(f"{fam.key}: v{', v'.join(map(str, only_here))} described here, not in {headers.root} "
+                         f"(releases that no longer ship a header may still be loaded by older NCCL)")
+    others = _undescribed_families(headers, families)
+    if others:
+        notes.append(f"upstream families no spec describes (not compared): {', '.join(others)}")
+    return diffs, notes
+
+
+def _undescribed_families(headers, described):
+    """'tuner v2-v7' for each <family>/<family>_vN.h group whose tables no spec names."""
+    groups = {}
+    for rel in headers.files:
+        m = re.match(r"^(\w+)/\1_v(\d+)\.h$", rel.replace(os.sep, "/"))
+        if m:
+            groups.setdefault(m.group(1), []).append(int(m.group(2)))
+    out = []
+    for fam, vs in sorted(groups.items()):
+        names = {n for v in vs for n in list(headers.structs) + list(headers.aliases) if n.endswith(f"_v{v}_t")}
+        if not any(n.split(f"_v")[0] in described for n in names):
+            out.append(f"{fam} v{min(vs)}-v{max(vs)}")
+    return out
+
+
+def check(spec, headers, spec_dir, ignores=None):
     """(differences, notes): each difference names both places; notes say what was not found."""
     where = SpecLines(spec_dir)
-    diffs, notes = [], []
+    diffs, notes = coverage(spec, headers, spec_dir, ignores or {})
     _NAME_NOTES.clear()
     for fam in spec.families:
         for v, table in fam.tables.items():
             up = headers.find(table.c_name)
             if up is None:
-                notes.append(f"{table.c_name}: not in {headers.root} ({fam.file} describes it)")
                 continue
             diffs += _check_table(table, up, headers, where, fam.file)
     for inst in sorted(spec.instances.values(), key=lambda i: i.c_name):

@@ -21,15 +21,54 @@ def copy_fixture(tmp):
 
 
 class CheckUpstream(unittest.TestCase):
-    def check(self, spec=None, headers=FIXTURE):
+    def check(self, spec=None, headers=FIXTURE, ignore=("rma:90",)):
         args = ["--check-upstream", headers] + (["--spec-dir", spec] if spec else [])
+        for i in ignore:
+            args += ["--ignore", i]
         return run_generator(*args)
 
     def test_specs_match_the_fixture(self):
         rc, out, err = self.check()
         self.assertEqual(rc, 0, err)
         self.assertIn("0 difference(s)", out)
-        self.assertIn("ncclRma_v13_t: not in", out, "what the headers lack is a note, not a difference")
+        self.assertIn("rma: v13 described here, not in", out, "what the headers lack is a note, not a difference")
+        self.assertIn("rma v90: in upstream", out)
+        self.assertIn("not described (--ignore)", out)
+        self.assertIn("net: no ncclNet_vN_t in", out, "a family the headers do not have is a note")
+
+    def test_a_version_upstream_has_and_the_specs_lack(self):
+        rc, _, err = self.check(ignore=())
+        self.assertEqual(rc, 1)
+        self.assert_difference(err, "abi/rma.toml", "rma/rma_v90.h", "rma v90 is not described here",
+                               "--import DIR --family rma --version 90", "--ignore rma:90")
+        rc, _, err = self.check(ignore=("rma:91-",))
+        self.assertEqual(rc, 1, "an ignored range that does not cover v90 does not hide it")
+        rc, _, _ = self.check(ignore=("rma",))
+        self.assertEqual(rc, 0, "a whole family may be ignored")
+
+    def test_a_bad_ignore(self):
+        rc, _, err = self.check(ignore=("rmx:90",))
+        self.assertEqual(rc, 1)
+        self.assertIn("--ignore rmx:90: no family 'rmx' in the specs", err)
+        rc, _, err = self.check(ignore=("rma:x",))
+        self.assertEqual(rc, 1)
+        self.assertIn("'x' is not a version range", err)
+
+    def test_versions_a_spec_leaves_out_on_purpose(self):
+        with TempDir() as tmp:
+            headers = copy_fixture(tmp)
+            with open(f"{headers}/profiler/profiler_v4.h", "w") as f:
+                f.write("typedef struct {\n  const char* name;\n} ncclProfiler_v4_t;\n")
+            rc, _, err = self.check(headers=headers)
+            self.assertEqual(rc, 1)
+            self.assert_difference(err, "abi/profiler.toml", "profiler/profiler_v4.h", "profiler v4 is not described")
+            spec = copy_specs(tmp)
+            edit(f"{spec}/profiler.toml", "[family.releases]",
+                 '[family.not_described]\n"-4" = "a uint8_t type and an 80-byte union"\n\n[family.releases]')
+            rc, out, err = self.check(spec, headers)
+            self.assertEqual(rc, 0, err)
+            self.assertIn("profiler v4: in upstream", out)
+            self.assertIn("(a uint8_t type and an 80-byte union)", out)
 
     def assert_difference(self, err, spec_file, header_file, *words):
         lines = [ln for ln in err.splitlines() if ln.startswith("difference:")]
@@ -102,14 +141,14 @@ class CheckUpstream(unittest.TestCase):
 
 class Import(unittest.TestCase):
     def test_drafts_the_delta_of_a_new_version(self):
-        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "17")
+        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "90")
         self.assertEqual(rc, 0, err)
-        self.assertIn('[table.layout] "17" = { size = 184, slots = ["name", "init", "devices", "getRmaProperties"', out)
+        self.assertIn('[table.layout] "90" = { size = 184, slots = ["name", "init", "devices", "getRmaProperties"', out)
         self.assertIn("slot iflush: argument 'optFlags' uint32_t is new at position 5: "
-                      '{ name = "optFlags", type = "uint32_t", since = 17 }', out)
-        self.assertIn('slot abort (new, index 22): since = 17, args = [{ name = "collComm", type = "void*" }]', out)
-        self.assertIn("struct ncclRmaProperties_v17_t: same fields as ncclRmaProperties_v16_t", out)
-        self.assertIn("struct ncclRmaConfig_v17_t: fields [('nContexts', 'int'), ('trafficClass', 'int'), "
+                      '{ name = "optFlags", type = "uint32_t", since = 90 }', out)
+        self.assertIn('slot abort (new, index 22): since = 90, args = [{ name = "collComm", type = "void*" }]', out)
+        self.assertIn("struct ncclRmaProperties_v90_t: same fields as ncclRmaProperties_v16_t", out)
+        self.assertIn("struct ncclRmaConfig_v90_t: fields [('nContexts', 'int'), ('trafficClass', 'int'), "
                       "('rankStride', 'int'), ('flags', 'int')]", out)
 
     def test_refuses_a_version_already_described(self):

@@ -1,27 +1,27 @@
-/* Fixture: a hypothetical RMA v17 (not NCCL's): iflush gains optFlags, a new last slot, a config with
+/* Fixture: a hypothetical RMA v90 (not NCCL's): iflush gains optFlags, a new last slot, a config with
  * one more field. */
-#ifndef FIXTURE_RMA_V17_H
-#define FIXTURE_RMA_V17_H
+#ifndef FIXTURE_RMA_V90_H
+#define FIXTURE_RMA_V90_H
 
 typedef struct {
   int nContexts;
   int trafficClass;
   int rankStride;
   int flags;
-} ncclRmaConfig_v17_t;
+} ncclRmaConfig_v90_t;
 
-typedef ncclRmaProperties_v16_t ncclRmaProperties_v17_t;
+typedef ncclRmaProperties_v16_t ncclRmaProperties_v90_t;
 
 typedef struct {
   const char* name;
   ncclResult_t (*init)(void** ctx, uint64_t commId, ncclDebugLogger_t logFunction);
   ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getRmaProperties)(void* collComm, ncclRmaProperties_v17_t* rmaProps);
+  ncclResult_t (*getRmaProperties)(void* collComm, ncclRmaProperties_v90_t* rmaProps);
   ncclResult_t (*getProperties)(int dev, ncclNetProperties_v12_t* props);
   ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);
   ncclResult_t (*connect)(void* ctx, void* handles[], int nranks, int rank, void* listenComm,
                           void** collComm);
-  ncclResult_t (*createContext)(void* collComm, ncclRmaConfig_v17_t* config, void** rmaCtx);
+  ncclResult_t (*createContext)(void* collComm, ncclRmaConfig_v90_t* config, void** rmaCtx);
   ncclResult_t (*regMrSym)(void* collComm, void* data, size_t size, int type, uint64_t mrFlags, void** mhandle);
   ncclResult_t (*regMrSymDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset,
                                  int fd, uint64_t mrFlags, void** mhandle);
@@ -45,7 +45,7 @@ typedef struct {
   ncclResult_t (*queryLastError)(void* rmaCtx, bool *hasError);
   ncclResult_t (*finalize)(void* ctx);
   ncclResult_t (*abort)(void* collComm);
-} ncclRma_v17_t;
+} ncclRma_v90_t;
 
 #endif
 
