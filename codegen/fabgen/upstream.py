@@ -9,7 +9,10 @@
 DIR is where NCCL keeps its plugin headers (a checkout's src/include/plugin);
 nothing from it is copied into this repository. The headers are read with a
 small parser for the shapes NCCL uses: `typedef struct {...} name;`, aliases
-`typedef old new;`, function-pointer members and `#define NAME <integer>`.
+`typedef old new;`, `typedef enum {...} name;`, function-pointer members,
+nested and anonymous `struct`/`union` members, `volatile` and `const`, and
+`#define NAME <integer>`. Sizes of upstream structs are computed (LP64) so an
+anonymous union the specs describe in part is still checked by size.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from .versions import parse_range
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _STRUCT = re.compile(r"\btypedef\s+struct\s*\w*\s*\{")
+_ENUM = re.compile(r"\btypedef\s+enum\s*\w*\s*\{[^}]*\}\s*(\w+)\s*;")
+_AGGREGATE = re.compile(r"^(struct|union)\s*\w*\s*\{")
 _ALIAS = re.compile(r"\btypedef\s+(?!struct\b|enum\b|union\b)([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*;")
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+\(?[ \t]*(-?\d+)[ \t]*\)?[ \t]*$", re.M)
 _FUNC = re.compile(r"^(?P<ret>.+?)\(\s*\*\s*(?P<name>\w+)\s*\)\s*\((?P<params>.*)\)$", re.S)
@@ -37,6 +42,7 @@ class Member:
     line: int
     length: str | None = None    # array length text (fields)
     params: list | None = None   # [(name, type)] for function pointers
+    children: list | None = None  # members of a nested struct or union ("" names an anonymous one)
 
 
 @dataclass
@@ -52,7 +58,7 @@ class Headers:
 
     def __init__(self, root):
         self.root = root
-        self.structs, self.aliases, self.defines = {}, {}, {}
+        self.structs, self.aliases, self.defines, self.enums = {}, {}, {}, set()
         self.files = []
         for dirpath, _, files in sorted(os.walk(root)):
             for name in sorted(files):
@@ -69,17 +75,15 @@ class Headers:
             self.defines[m.group(1)] = int(m.group(2))
         for m in _ALIAS.finditer(text):
             self.aliases[m.group(2)] = (m.group(1), rel, _line(text, m.start()))
+        for m in _ENUM.finditer(text):
+            self.enums.add(m.group(1))
         for m in _STRUCT.finditer(text):
             end = _closing_brace(text, m.end() - 1)
             tail = re.match(r"\s*(\w+)\s*;", text[end + 1:])
             if not tail:
                 continue
             s = Struct(tail.group(1), rel, _line(text, m.start()))
-            body_start = m.end()
-            for part, offset in _split(text[body_start:end], ";"):
-                member = _member(part, _line(text, body_start + offset + len(part) - len(part.lstrip())))
-                if member:
-                    s.members.append(member)
+            s.members = _members(text[m.end():end], _line(text, m.end()))
             self.structs[s.name] = s
 
     def find(self, name):
@@ -113,6 +117,39 @@ class Headers:
             return int(text)
         return self.defines.get(text)
 
+    def layout(self, member, seen=()):
+        """(size, align) of a member (LP64), or None where a type is unknown."""
+        if member.params is not None or member.type.endswith("*") or member.type.endswith("[]"):
+            one = ctypes.POINTER
+        elif member.children is not None:
+            parts = [self.layout(c, seen) for c in member.children]
+            if None in parts:
+                return None
+            rows = [(str(i), size, align) for i, (size, align) in enumerate(parts)]
+            pack = ctypes.union_layout if member.type == "union" else ctypes.struct_layout
+            one = pack(rows)[:2]
+        else:
+            one = self._type_layout(member.type.replace("const ", "").replace("volatile ", ""), seen)
+        if one is None or member.length is None:
+            return one
+        n = self.length(member.length)
+        return (one[0] * n, one[1]) if n is not None else None
+
+    def _type_layout(self, name, seen):
+        prim = ctypes.PRIMITIVES.get(name)
+        if prim:
+            return prim[:2]
+        while name in self.aliases and name not in self.structs and name not in self.enums:
+            name = self.aliases[name][0]
+            if name in ctypes.PRIMITIVES:
+                return ctypes.PRIMITIVES[name][:2]
+        if name in self.enums:
+            return ctypes.ENUM
+        s = self.structs.get(name)
+        if s is None or name in seen:
+            return None
+        return self.layout(Member(name, "struct", s.line, children=s.members), seen + (name,))
+
 
 def _line(text, pos):
     return text.count("\n", 0, pos) + 1
@@ -131,12 +168,12 @@ def _closing_brace(text, open_pos):
 
 
 def _split(text, sep):
-    """(part, offset) split at sep outside parentheses."""
+    """(part, offset) split at sep outside parentheses, brackets and braces."""
     out, depth, start = [], 0, 0
     for i, ch in enumerate(text):
-        if ch in "([":
+        if ch in "([{":
             depth += 1
-        elif ch in ")]":
+        elif ch in ")]}":
             depth -= 1
         elif ch == sep and depth == 0:
             out.append((text[start:i], start))
@@ -155,7 +192,35 @@ def normalize(type_text):
     return base + ("[]" if ref.array == "" else "")
 
 
+def _members(body, first_line):
+    """The members of a struct or union body that starts on first_line."""
+    out = []
+    for part, offset in _split(body, ";"):
+        lead = len(part) - len(part.lstrip())
+        member = _member(part, first_line + body.count("\n", 0, offset + lead))
+        if member:
+            out.append(member)
+    return out
+
+
+def _aggregate(part, line):
+    """A nested `struct {...} name` or `union {...};` (anonymous) member, or None."""
+    raw = part.strip()
+    m = _AGGREGATE.match(raw)
+    if not m:
+        return None
+    close = _closing_brace(raw, m.end() - 1)
+    tail = re.match(r"^\s*(\w*)\s*(?:\[([^\]]*)\])?\s*$", raw[close + 1:])
+    if not tail:
+        return None
+    children = _members(raw[m.end():close], line + raw.count("\n", 0, m.end()))
+    return Member(tail.group(1), m.group(1), line, length=tail.group(2), children=children)
+
+
 def _member(part, line):
+    nested = _aggregate(part, line)
+    if nested:
+        return nested
     part = " ".join(part.split())
     if not part:
         return None
@@ -412,8 +477,9 @@ def _check_struct(inst, up, headers, where):
         while shared < min(len(ours), len(theirs)) and ours[shared] == theirs[shared]:
             shared += 1
         _NAME_NOTES.append(f"{label}:{where.field(label, key, ours[shared] if shared < len(ours) else ours[0])}: "
-                           f"{inst.c_name}: fields from '{ours[shared] if shared < len(ours) else '-'}' on are not "
-                           f"compared ({inst.family.partial}); the layout record holds their size")
+                           f"{inst.c_name}: fields from '{ours[shared] if shared < len(ours) else '-'}' on are "
+                           f"compared by size and by the members named alike ({inst.family.partial})")
+        diffs += _check_partial_rest(inst, up, headers, where, shared)
         ours, theirs = ours[:shared], theirs[:shared]
     if ours != theirs:
         line = where.field(label, key, ours[0] if ours else "")
@@ -432,6 +498,41 @@ def _check_struct(inst, up, headers, where):
         elif t.length is not None and headers.length(m.length) not in (None, t.length):
             diffs.append(f"{label}:{line}: {inst.c_name}.{name} has {t.length} elements here; upstream "
                          f"{_up(headers, up, m)} has {m.length} = {headers.length(m.length)}")
+    return diffs
+
+
+def _check_partial_rest(inst, up, headers, where, shared):
+    """The part of a partly described struct past its shared fields: the struct's size, and where our
+    next field stands for an upstream nested aggregate (an anonymous union), its size and the members
+    both name (the union's netPlugin), field by field."""
+    diffs, label, key = [], inst.family.file, inst.family.key
+    whole = headers.layout(Member(up.name, "struct", up.line, children=up.members))
+    if whole is not None and whole[0] != inst.size:
+        diffs.append(f"{label}:{where.field(label, key, inst.fields[0][1])}: {inst.c_name} is {inst.size} bytes "
+                     f"here; upstream {_up(headers, up)} is {whole[0]}")
+    if shared >= min(len(inst.fields), len(up.members)):
+        return diffs
+    (_, name, t), m = inst.fields[shared], up.members[shared]
+    if m.children is None or t.struct is None:
+        return diffs
+    line, at = where.field(label, key, name), f"{inst.c_name}.{name}"
+    size = headers.layout(m)
+    if size is not None and size[0] != t.size:
+        diffs.append(f"{label}:{line}: {at} is {t.size} bytes here; upstream {_up(headers, up, m)} "
+                     f"{m.type} is {size[0]}")
+    theirs = {c.name: c for c in m.children if c.name}
+    for _, member, mt in t.struct.fields:
+        c = theirs.get(member)
+        if c is None or mt.struct is None or c.children is None:
+            continue
+        if [f[1] for f in mt.struct.fields] != [g.name for g in c.children]:
+            diffs.append(f"{label}:{line}: {at}.{member} fields are {[f[1] for f in mt.struct.fields]}; upstream "
+                         f"{_up(headers, up, c)} has {[g.name for g in c.children]}")
+            continue
+        for (_, fname, ft), g in zip(mt.struct.fields, c.children):
+            if normalize(ft.spelling) != g.type:
+                diffs.append(f"{label}:{line}: {at}.{member}.{fname} is {ft.spelling} here; upstream "
+                             f"{_up(headers, up, g)} says {g.type}")
     return diffs
 
 

@@ -125,7 +125,7 @@ class CheckUpstream(unittest.TestCase):
     def test_a_per_version_enum_alias_and_a_partial_struct(self):
         rc, out, err = self.check()
         self.assertEqual(rc, 0, err)
-        self.assertIn("ncclProfilerEventDescr_v6_t: fields from 'u' on are not compared", out)
+        self.assertIn("ncclProfilerEventDescr_v6_t: fields from 'u' on are compared by size", out)
         with TempDir() as tmp:
             headers = copy_fixture(tmp)
             edit(f"{headers}/profiler/profiler_v6.h", "typedef ncclProfilerEventState_t ncclProfilerEventState_v6_t;",
@@ -137,6 +137,20 @@ class CheckUpstream(unittest.TestCase):
                                    "ncclProfilerEventState_v6_t")
             self.assert_difference(err, "abi/profiler.toml", "profiler/profiler_v6.h", "ncclProfilerEventDescr_v6_t.rank",
                                    "says long")
+
+    def test_an_anonymous_union_checked_by_size_and_shared_member(self):
+        with TempDir() as tmp:
+            headers = copy_fixture(tmp)
+            edit(f"{headers}/profiler/profiler_v6.h", "      int parentGroup;\n", "      int parentGroup;\n      void* extra;\n")
+            edit(f"{headers}/profiler/profiler_v6.h", "      int64_t id;\n      void* data;", "      int64_t id;\n      int data;")
+            rc, _, err = self.check(headers=headers)
+            self.assertEqual(rc, 1)
+            self.assert_difference(err, "abi/profiler.toml", "profiler/profiler_v6.h",
+                                   "ncclProfilerEventDescr_v6_t is 112 bytes here", "is 120")
+            self.assert_difference(err, "abi/profiler.toml", "profiler/profiler_v6.h",
+                                   "ncclProfilerEventDescr_v6_t.u is 88 bytes here", "union is 96")
+            self.assert_difference(err, "abi/profiler.toml", "profiler/profiler_v6.h",
+                                   "ncclProfilerEventDescr_v6_t.u.netPlugin.data is void* here", "says int")
 
 
 class Import(unittest.TestCase):

@@ -1,6 +1,6 @@
 /* Fixture: profiler v6 in the shape of NCCL's header: a per-version alias of
  * a shared enum, and a descriptor whose anonymous union the spec describes
- * only in part. */
+ * only in part (checked by size and by its netPlugin member). */
 #ifndef FIXTURE_PROFILER_V6_H
 #define FIXTURE_PROFILER_V6_H
 
@@ -14,7 +14,17 @@ typedef struct {
     struct {
       uint64_t seqNumber;
       const char* func;
-    } coll;
+      const void* sendBuff;
+      void* recvBuff;
+      size_t count;
+      int root;
+      const char* datatype;
+      uint8_t nChannels;
+      uint8_t nWarps;
+      const char* algo;
+      const char* proto;
+      int parentGroup;
+    } coll;                     // the largest member: 88 bytes
     struct {
       int64_t id;
       void* data;
