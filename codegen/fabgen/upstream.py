@@ -571,29 +571,58 @@ def _vtype(t, version):
     return re.sub(r"_v%d_t\b" % version, "_v{v}_t", t)
 
 
+def _snake(name):
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def _core_param(core, name):
+    """The core function's parameter a new argument would go to, or None."""
+    if core is None or isinstance(core, str):
+        return None
+    wanted = {name, _snake(name)}
+    return next((n for n, _ in core.args if n in wanted), None)
+
+
+def _arg_line(name, t_v, version, core):
+    """A spec line for a new argument, with a drafted conversion."""
+    to = _core_param(core, name)
+    conv = f'conv = "copy", to = "{to}"' if to else 'conv = "ignore"'
+    line = f'{{ name = "{name}", type = "{t_v}", since = {version}, {conv} }}'
+    if not to and core is not None and not isinstance(core, str):
+        line += f"  # {core.name} has no parameter for it: ignored, or add one to the core"
+    return line
+
+
 def _draft_slot(base, m, index, version, base_v):
     s = base.slot(m.name)
     if s is None:
         if m.params is None:
             return [f"slot {m.name} (new, index {index}): data = \"{m.type}\", since = {version}"]
         args = ", ".join(f'{{ name = "{n}", type = "{_vtype(t, version)}" }}' for n, t in m.params)
-        return [f"slot {m.name} (new, index {index}): since = {version}, args = [{args}]"]
+        return [f"slot {m.name} (new, index {index}): since = {version}, args = [{args}]",
+                f"slot {m.name}: core = \"<core function>\" and a conversion per argument, or optional = true "
+                f"to export NULL"]
     if m.params is None or s.data is not None:
         return []
     out = []
-    # a type the same in both versions except for its own version number ("_v16_t" in v16,
-    # "_v17_t" in v17) is one spec type with {v}
-    ours = {a.name: (_spec_type(a.defn, base_v), _vtype(_spec_type(a.defn, base_v), base_v)) for a in s.args}
+    # What the spec renders for `version` if each argument's text is extended unchanged: a type with {v}
+    # names the new version's struct, which upstream may not have (v17 reuses ncclRmaProperties_v16_t).
+    raw = {a.name: a.defn.type.at(base_v, "type") for a in s.args}
     names_theirs = [n for n, _ in m.params]
     for pos, (n, t) in enumerate(m.params):
         t_v = _vtype(t, version)
-        if n not in ours:
-            out.append(f"slot {m.name}: argument '{n}' {t_v} is new at position {pos + 1}: "
-                       f"{{ name = \"{n}\", type = \"{t_v}\", since = {version} }}")
-        elif t != ours[n][0] and t_v != ours[n][1]:
-            out.append(f"slot {m.name}: argument '{n}' changes type: type = {{ \"-{base_v}\" = \"{ours[n][1]}\", "
-                       f"\"{version}-\" = \"{t_v}\" }}")
-    for n in ours:
+        if n not in raw:
+            out.append(f"slot {m.name}: argument '{n}' {t} is new at position {pos + 1}: "
+                       + _arg_line(n, t_v, version, s.core))
+            continue
+        extended = normalize(raw[n].replace("{v}", str(version)))
+        if extended == t:
+            continue
+        reuse = "{v}" in raw[n] and re.sub(r"_v\d+_t\b", "_v{v}_t", t) == " ".join(raw[n].split())
+        why = f"keeps {t} (the spec would render {extended})" if reuse else f"changes type to {t}"
+        out.append(f"slot {m.name}: argument '{n}' {why}: type = {{ \"-{base_v}\" = \"{raw[n]}\", "
+                   f"\"{version}-\" = \"{t_v}\" }}")
+    for n in raw:
         if n not in names_theirs:
             out.append(f"slot {m.name}: argument '{n}' is gone in v{version}: add until = {base_v}")
     return out
@@ -603,22 +632,62 @@ def _draft_structs(spec, headers, table_struct, version, base_v):
     out, seen = [], set()
     for m in table_struct.members:
         for _, t in m.params or []:
-            name = re.sub(r"\W", "", t.replace("[]", ""))
-            if not name.endswith(f"_v{version}_t") or name in seen:
+            name = re.sub(r"\W", "", t.replace("[]", "").replace("const", "").replace("volatile", ""))
+            if name in seen or not re.search(r"_v\d+_t$", name):
                 continue
             seen.add(name)
+            if not name.endswith(f"_v{version}_t"):
+                continue
             up = headers.find(name)
             prev = name.replace(f"_v{version}_t", f"_v{base_v}_t")
             inst = spec.instances.get(prev)
             if up is None:
                 out.append(f"struct {name}: not found in the headers")
                 continue
-            fields = [(f.name, f.type + (f"[{f.length}]" if f.length else "")) for f in up.members]
-            ours = [(n, _spec_type(fd, base_v)) for fd, n, _ in inst.fields] if inst else None
-            if inst is not None and [n for n, _ in ours] == [n for n, _ in fields] and \
-                    [t for _, t in ours] == [t.split("[")[0] for _, t in fields]:
-                out.append(f"struct {name}: same fields as {prev}: extend its since/until to {version} and record "
-                           f"layout \"{version}\" (it renders as a typedef of {prev})")
-            else:
-                out.append(f"struct {name}: fields {fields}" + (f" (v{base_v}: {ours})" if ours else " (new)"))
+            out += _draft_struct(spec, headers, up, name, prev, inst, version, base_v)
     return out
+
+
+def _draft_struct(spec, headers, up, name, prev, inst, version, base_v):
+    fields = [(f.name, f.type + (f"[{f.length}]" if f.length else "")) for f in up.members]
+    reused = f" (upstream: a typedef of {up.name})" if up.name != name else ""
+    ours = [(n, _spec_type(fd, base_v)) for fd, n, _ in inst.fields] if inst else None
+    if inst is not None and [n for n, _ in ours] == [n for n, _ in fields] and \
+            [t for _, t in ours] == [t.split("[")[0] for _, t in fields]:
+        return [f"struct {name}: same fields as {prev}{reused}: extend its since/until to {version} and record "
+                f"layout \"{version}\" (it renders as a typedef of {prev})"]
+    if inst is None:
+        return [f"struct {name}: fields {fields} (new){reused}", _layout_line(headers, up, name, version)]
+    out = [f"struct {name}: fields {fields} (v{base_v}: {ours}){reused}"]
+    theirs = dict(fields)
+    core = spec.core.structs.get(inst.family.core) if inst.family.core else None
+    core_fields = {f.name for f in core.fields} if core else set()
+    for fd, n, _ in inst.fields:
+        if n not in theirs:
+            absent = f"; the core's {fd.core} then takes its absent value" if fd.core else ""
+            out.append(f"struct {name}: field '{n}' is gone in v{version}: add until = {base_v}{absent}")
+    for n, t in fields:
+        if n in dict(ours):
+            continue
+        target = next((c for c in (n, _snake(n)) if c in core_fields), None)
+        conv = f'conv = "copy", core = "{target}"' if target else 'conv = "ignore"'
+        note = "" if target or not core_fields else f"  # {core.name} has no field for it: ignored, or add one"
+        out.append(f'struct {name}: field \'{n}\' is new: {{ name = "{n}", type = "{_vtype(t, version)}", '
+                   f'since = {version}, {conv} }}{note}')
+    out.append(_layout_line(headers, up, name, version))
+    return out
+
+
+def _layout_line(headers, up, name, version):
+    """The layout record a struct's spec needs, computed from the header (LP64)."""
+    offsets, offset, align = [], 0, 1
+    for f in up.members:
+        one = headers.layout(f)
+        if one is None:
+            return f"struct {name}: layout \"{version}\": a member's size is unknown here; compute it by hand"
+        offset = ctypes.align_up(offset, one[1])
+        offsets.append(f"{f.name} = {offset}")
+        offset, align = offset + one[0], max(align, one[1])
+    size = ctypes.align_up(offset, align)
+    return (f"struct {name}: layout \"{version}\" = {{ size = {size}, align = {align}, offsets = "
+            f"{{ {', '.join(offsets)} }} }}")

@@ -159,11 +159,32 @@ class Import(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertIn('[table.layout] "90" = { size = 184, slots = ["name", "init", "devices", "getRmaProperties"', out)
         self.assertIn("slot iflush: argument 'optFlags' uint32_t is new at position 5: "
-                      '{ name = "optFlags", type = "uint32_t", since = 90 }', out)
+                      '{ name = "optFlags", type = "uint32_t", since = 90, conv = "ignore" }', out)
         self.assertIn('slot abort (new, index 22): since = 90, args = [{ name = "collComm", type = "void*" }]', out)
-        self.assertIn("struct ncclRmaProperties_v90_t: same fields as ncclRmaProperties_v16_t", out)
-        self.assertIn("struct ncclRmaConfig_v90_t: fields [('nContexts', 'int'), ('trafficClass', 'int'), "
-                      "('rankStride', 'int'), ('flags', 'int')]", out)
+
+    def test_a_new_argument_gets_a_conversion(self):
+        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "90")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("slot connect: argument 'abortFlag' volatile uint32_t* is new at position 7: "
+                      '{ name = "abortFlag", type = "volatile uint32_t*", since = 90, conv = "ignore" }  '
+                      "# fab_coll_connect has no parameter for it", out)
+
+    def test_a_struct_reused_from_an_older_version(self):
+        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "90")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("slot getRmaProperties: argument 'rmaProps' keeps ncclRmaProperties_v16_t* (the spec would "
+                      'render ncclRmaProperties_v90_t*): type = { "-16" = "ncclRmaProperties_v{v}_t*", '
+                      '"90-" = "ncclRmaProperties_v16_t*" }', out)
+
+    def test_a_changed_struct_gets_fields_and_a_layout(self):
+        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "90")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("struct ncclRmaConfig_v90_t: field 'rankStride' is gone in v90: add until = 16; the core's "
+                      "rank_stride then takes its absent value", out)
+        self.assertIn('struct ncclRmaConfig_v90_t: field \'peerList\' is new: { name = "peerList", type = "int*", '
+                      'since = 90, conv = "ignore" }  # fab_rma_config has no field for it', out)
+        self.assertIn('struct ncclRmaConfig_v90_t: layout "90" = { size = 24, align = 8, offsets = { nContexts = 0, '
+                      'trafficClass = 4, peerList = 8, flags = 16 } }', out)
 
     def test_refuses_a_version_already_described(self):
         rc, _, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "16")

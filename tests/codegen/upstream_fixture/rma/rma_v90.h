@@ -1,26 +1,25 @@
-/* Fixture: a hypothetical RMA v90 (not NCCL's): iflush gains optFlags, a new last slot, a config with
- * one more field. */
+/* Fixture: a hypothetical RMA v90 (not NCCL's): connect gains a volatile abort flag, iflush gains
+ * optFlags, a new last slot, getRmaProperties keeps the v16 struct, and the config loses rankStride
+ * and gains two fields. */
 #ifndef FIXTURE_RMA_V90_H
 #define FIXTURE_RMA_V90_H
 
 typedef struct {
   int nContexts;
   int trafficClass;
-  int rankStride;
+  int* peerList;
   int flags;
 } ncclRmaConfig_v90_t;
-
-typedef ncclRmaProperties_v16_t ncclRmaProperties_v90_t;
 
 typedef struct {
   const char* name;
   ncclResult_t (*init)(void** ctx, uint64_t commId, ncclDebugLogger_t logFunction);
   ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getRmaProperties)(void* collComm, ncclRmaProperties_v90_t* rmaProps);
+  ncclResult_t (*getRmaProperties)(void* collComm, ncclRmaProperties_v16_t* rmaProps);
   ncclResult_t (*getProperties)(int dev, ncclNetProperties_v12_t* props);
   ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);
   ncclResult_t (*connect)(void* ctx, void* handles[], int nranks, int rank, void* listenComm,
-                          void** collComm);
+                          void** collComm, volatile uint32_t* abortFlag);
   ncclResult_t (*createContext)(void* collComm, ncclRmaConfig_v90_t* config, void** rmaCtx);
   ncclResult_t (*regMrSym)(void* collComm, void* data, size_t size, int type, uint64_t mrFlags, void** mhandle);
   ncclResult_t (*regMrSymDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset,
