@@ -73,7 +73,7 @@ typedef struct fab_rma_api {
   fab_result (*get_rma_properties)(void* coll, fab_rma_properties* props); /* v16+ */
   fab_result (*listen)(fab_ctx* ctx, int dev, void* handle, void** listen_comm);
   fab_result (*connect)(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
-                        void** coll);
+                        void** coll, const volatile uint32_t* abort_flag);
   /* NULL in GIN v11/v12 (pass the comm where a context goes) */
   fab_result (*create_context)(void* coll, const fab_rma_config* config, void** rma_ctx, void** dev_handle);
   fab_result (*reg_mr_sym)(void* coll, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle,

@@ -61,6 +61,7 @@ static fab_result handshake(fab_coll* g, fab_listener* l, void** handles, void**
       if (!accepted[nacc]) break;
       nacc++;
     }
+    if ((nacc < want || nconn < want) && fab_coll_aborted(g)) return fab_coll_fail_aborted(g, fn);
     if (fab_now_ms() > deadline && (nacc < want || nconn < want)) {
       char why[192];
       snprintf(why, sizeof(why), "after FABRIC_CONNECT_TIMEOUT_MS (%d ms) %d of %d peers connected and %d of %d "
@@ -214,7 +215,7 @@ static fab_result connect_args(void** handles, int nranks, int rank, void* liste
 }
 
 fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
-                            void** coll) {
+                            void** coll, const volatile uint32_t* abort_flag) {
   (void)ctx; /* NCCL passes its net context here, not the RMA one listen got: the listen comm's context owns it */
   fab_listener* l = NULL;
   fab_result rc = connect_args(handles, nranks, rank, listen_comm, coll, &l);
@@ -237,6 +238,7 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
   g->target_ep = l->ep;
   g->token = (uint32_t)fab_random64();
   g->own_contexts = n_contexts;
+  g->abort_flag = abort_flag;
   g->ordered = l->ep->dev->ordered_writes;
   pthread_mutex_init(&g->lock, NULL);
   pthread_mutex_init(&g->xchg_lock, NULL);
@@ -254,6 +256,7 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
   }
   fab_coll_register(g);
   rc = coll_setup(g, l, handles, "connect");
+  g->abort_flag = NULL; /* NCCL's flag is for this call; later collective calls have no such promise */
   if (rc == FAB_OK) {
     g->handle = fab_obj_add(FAB_OBJ_COLL, g);
     if (!g->handle) rc = fab_coll_fail(g, FAB_ERR_SYSTEM, "connect", "handle table full");

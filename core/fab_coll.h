@@ -255,6 +255,7 @@ struct fab_coll {
   fab_list chunks;
   fab_list ctxs;         /* live contexts */
   int own_contexts;      /* contexts the comm stands for itself (GIN v11/v12) */
+  const volatile uint32_t* abort_flag; /* NCCL's, while connect waits (RMA v17+; NULL: none) */
   int ordered;           /* the provider places our writes in order (dev->ordered_writes): puts need no
                           * number and no completion at the target; every rank must agree */
   _Atomic int failed;    /* a peer or the group failed: every call after returns the error */
@@ -329,6 +330,12 @@ static inline void fab_coll_req_op_over(fab_coll_req* r, int fi_err, const char*
 fab_coll* fab_coll_get(void* handle, const char* fn);
 /* Fails the group (sticky), with one WARN naming fn and why. */
 fab_result fab_coll_fail(fab_coll* g, fab_result rc, const char* fn, const char* why);
+/* Set when NCCL raised the abort flag it gave connect: a waiting collective call gives up. */
+static inline int fab_coll_aborted(const fab_coll* g) { return g->abort_flag && *g->abort_flag; }
+static inline fab_result fab_coll_fail_aborted(fab_coll* g, const char* fn) {
+  return fab_coll_fail(g, FAB_ERR_INTERNAL, fn, "NCCL raised its abort flag (ncclCommAbort, or an error on another "
+                       "rank) while this call waited for peers; giving up");
+}
 void fab_coll_target_landed(fab_comm* rc, uint32_t low);
 /* Applies what waits for progress: staged chunks copied into their windows,
  * signals into GPU windows. coll->lock held. */

@@ -43,6 +43,19 @@ fab_result fab_rma_get_properties(int dev, fab_properties* props) {
 
 /* --- contexts ------------------------------------------------------------------------- */
 
+/* RMA v17's peer list: the ranks the context will talk to. Every context here can reach every rank, so
+ * the list only has to be well formed. */
+static fab_result check_peer_list(const fab_coll* g, const fab_rma_config* config) {
+  if (config->npeers < 0 || config->npeers > g->nranks)
+    return fab_bad_argument("createContext", "peerArrayCount", config->npeers, "0..nranks");
+  if (config->npeers > 0 && !config->peers)
+    return fab_bad_argument("createContext", "peerArray", 0, "an array of peerArrayCount ranks");
+  for (int i = 0; i < config->npeers; i++)
+    if (config->peers[i] < 0 || config->peers[i] >= g->nranks)
+      return fab_bad_argument("createContext", "peerArray[]", config->peers[i], "a rank in 0..nranks-1");
+  return FAB_OK;
+}
+
 fab_result fab_rma_create_context(void* coll, const fab_rma_config* config, void** rma_ctx, void** dev_handle) {
   if (!rma_ctx) return fab_bad_argument("createContext", "rmaCtx", 0, "a non-NULL pointer");
   *rma_ctx = NULL;
@@ -53,6 +66,8 @@ fab_result fab_rma_create_context(void* coll, const fab_rma_config* config, void
   if (n < 1 || n > FAB_COLL_MAX_CONTEXTS) return fab_bad_argument("createContext", "nContexts", n, "1..256");
   if (config && config->rank_stride < 0)
     return fab_bad_argument("createContext", "rankStride", config->rank_stride, "0 or more (1: every peer)");
+  fab_result rc = config ? check_peer_list(g, config) : FAB_OK;
+  if (rc != FAB_OK) return rc;
   fab_coll_ctx* x = calloc(1, sizeof(*x));
   if (!x) {
     FAB_WARN("createContext: out of memory");

@@ -31,6 +31,7 @@ static fab_result wait_all(fab_coll* g, void** reqs, int n, const char* fn, cons
       else left++;
     }
     if (!left) return FAB_OK;
+    if (fab_coll_aborted(g)) return fab_coll_fail_aborted(g, fn);
     if (fab_now_ms() > deadline) {
       char why[160];
       snprintf(why, sizeof(why), "%s: %d peers did not answer within FABRIC_CONNECT_TIMEOUT_MS (%d ms); every rank "
@@ -51,6 +52,7 @@ static fab_result post_part(fab_coll* g, void* h, int recv, void* buf, int tag, 
                          : fab_isend(h, buf, size, tag, g->xchg_mh, NULL, req);
     if (rc != FAB_OK) return fab_coll_fail(g, rc, fn, "posting a collective exchange failed (see the WARN above)");
     if (*req) return FAB_OK;
+    if (fab_coll_aborted(g)) return fab_coll_fail_aborted(g, fn);
     if (fab_now_ms() > deadline)
       return fab_coll_fail(g, FAB_ERR_REMOTE, fn, "a peer takes no collective exchange messages");
     sched_yield();

@@ -179,7 +179,9 @@ enum { FAB_SIGNAL_INC = 1, FAB_SIGNAL_ADD = 2 };
 typedef struct {
   int n_contexts;             /* independent ordering domains */
   int traffic_class;          /* INT_MIN or -1: unset */
-  int rank_stride;            /* peers rank +- k*stride only (1: all) */
+  int rank_stride;            /* peers rank +- k*stride only (1: all); RMA v14-v16 */
+  const int* peers;           /* the ranks the context talks to (RMA v17+); NULL: every rank */
+  int npeers;
 } fab_rma_config;
 
 typedef struct {
@@ -196,9 +198,11 @@ fab_result fab_rma_get_properties(int dev, fab_properties* props);
  * handles; returns once every peer is connected. ctx is ignored (NCCL passes
  * its net context): the listen comm's context owns the group. n_contexts:
  * the contexts the comm itself stands for where an ABI passes the comm in
- * place of a context (GIN v11/v12; v12's connectionId picks one). */
+ * place of a context (GIN v11/v12; v12's connectionId picks one).
+ * abort_flag (RMA v17+; may be NULL): while the call waits for peers, a
+ * non-zero value ends it with an error. */
 fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
-                            void** coll);
+                            void** coll, const volatile uint32_t* abort_flag);
 fab_result fab_coll_rma_properties(void* coll, fab_rma_properties* props);
 /* config may be NULL (one context). dev_handle (GIN v13 layout) may be NULL;
  * a proxy plugin writes NULL there. */

@@ -51,6 +51,8 @@ def copy_problem(abi: CType, core: CType):
     if abi.is_pointer != core.is_pointer:
         return f"copy between {abi.spelling} and {core.spelling} mixes a pointer and a value"
     if abi.is_pointer:
+        if abi.ref.volatile and not core.ref.volatile:
+            return f"copy from {abi.spelling} to {core.spelling} drops volatile (the value may change under us)"
         if abi.ref.ptr != core.ref.ptr and not (abi.ref.array == "" or core.ref.array == ""):
             if not ("void" in (abi.info.name, core.info.name) or core.info.kind == "opaque"):
                 return f"copy between {abi.spelling} and {core.spelling} changes the pointer depth"

@@ -8,6 +8,7 @@
 #include "fab_abi_gin_v12.h"
 #include "fab_abi_gin_v13.h"
 #include "fab_abi_gin_v14.h"
+#include "fab_abi_gin_v15.h"
 #include "fab_abi_net_v6.h"
 #include "fab_abi_net_v7.h"
 #include "fab_abi_net_v8.h"
@@ -22,6 +23,7 @@
 #include "fab_abi_rma_v14.h"
 #include "fab_abi_rma_v15.h"
 #include "fab_abi_rma_v16.h"
+#include "fab_abi_rma_v17.h"
 #include "fab_abi_profiler_v5.h"
 #include "fab_abi_profiler_v6.h"
 

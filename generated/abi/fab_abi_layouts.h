@@ -15,7 +15,9 @@
 #define FAB_ABI_STRUCT_SIZES(X) \
   X(ncclGinConfig_v13_t, 20, 4) \
   X(ncclGinConfig_v14_t, 28, 4) \
+  X(ncclGinConfig_v15_t, 40, 8) \
   X(ncclGinProperties_v14_t, 2, 1) \
+  X(ncclGinProperties_v15_t, 2, 1) \
   X(ncclNetCommAttr_v11_t, 16, 4) \
   X(ncclNetAttr_v11_t, 44, 4) \
   X(ncclNetCommConfig_v10_t, 4, 4) \
@@ -47,6 +49,7 @@
   X(ncclRmaConfig_v14_t, 12, 4) \
   X(ncclRmaConfig_v15_t, 12, 4) \
   X(ncclRmaConfig_v16_t, 12, 4) \
+  X(ncclRmaConfig_v17_t, 24, 8) \
   X(ncclRmaProperties_v16_t, 1, 1) \
   /* end */
 
@@ -63,8 +66,18 @@
   X(ncclGinConfig_v14_t, trafficClass, 16) \
   X(ncclGinConfig_v14_t, backendVersion, 20) \
   X(ncclGinConfig_v14_t, rankStride, 24) \
+  X(ncclGinConfig_v15_t, nSignals, 0) \
+  X(ncclGinConfig_v15_t, nCounters, 4) \
+  X(ncclGinConfig_v15_t, nContexts, 8) \
+  X(ncclGinConfig_v15_t, queueDepth, 12) \
+  X(ncclGinConfig_v15_t, trafficClass, 16) \
+  X(ncclGinConfig_v15_t, backendVersion, 20) \
+  X(ncclGinConfig_v15_t, peerArray, 24) \
+  X(ncclGinConfig_v15_t, peerArrayCount, 32) \
   X(ncclGinProperties_v14_t, supportsStrongSignals, 0) \
   X(ncclGinProperties_v14_t, supportsVASignals, 1) \
+  X(ncclGinProperties_v15_t, supportsStrongSignals, 0) \
+  X(ncclGinProperties_v15_t, supportsVASignals, 1) \
   X(ncclNetCommAttr_v11_t, maxConcurrentPeers, 0) \
   X(ncclNetCommAttr_v11_t, minConcurrentPeers, 4) \
   X(ncclNetCommAttr_v11_t, maxFlowsPerPeer, 8) \
@@ -252,6 +265,10 @@
   X(ncclRmaConfig_v16_t, nContexts, 0) \
   X(ncclRmaConfig_v16_t, trafficClass, 4) \
   X(ncclRmaConfig_v16_t, rankStride, 8) \
+  X(ncclRmaConfig_v17_t, nContexts, 0) \
+  X(ncclRmaConfig_v17_t, trafficClass, 4) \
+  X(ncclRmaConfig_v17_t, peerArray, 8) \
+  X(ncclRmaConfig_v17_t, peerArrayCount, 16) \
   X(ncclRmaProperties_v16_t, flushesAllPutsOnAnySignal, 0) \
   /* end */
 
@@ -260,6 +277,7 @@
   X(ncclGin_v12_t, 152) \
   X(ncclGin_v13_t, 168) \
   X(ncclGin_v14_t, 136) \
+  X(ncclGin_v15_t, 136) \
   X(ncclNet_v6_t, 136) \
   X(ncclNet_v7_t, 152) \
   X(ncclNet_v8_t, 152) \
@@ -274,6 +292,7 @@
   X(ncclRma_v14_t, 168) \
   X(ncclRma_v15_t, 168) \
   X(ncclRma_v16_t, 176) \
+  X(ncclRma_v17_t, 176) \
   X(ncclProfiler_v5_t, 48) \
   X(ncclProfiler_v6_t, 48) \
   /* end */
@@ -355,6 +374,23 @@
   X(ncclGin_v14_t, ginProgress, 112) \
   X(ncclGin_v14_t, queryLastError, 120) \
   X(ncclGin_v14_t, finalize, 128) \
+  X(ncclGin_v15_t, name, 0) \
+  X(ncclGin_v15_t, init, 8) \
+  X(ncclGin_v15_t, devices, 16) \
+  X(ncclGin_v15_t, getGinProperties, 24) \
+  X(ncclGin_v15_t, getProperties, 32) \
+  X(ncclGin_v15_t, listen, 40) \
+  X(ncclGin_v15_t, connect, 48) \
+  X(ncclGin_v15_t, createContext, 56) \
+  X(ncclGin_v15_t, regMrSym, 64) \
+  X(ncclGin_v15_t, regMrSymDmaBuf, 72) \
+  X(ncclGin_v15_t, deregMrSym, 80) \
+  X(ncclGin_v15_t, destroyContext, 88) \
+  X(ncclGin_v15_t, closeColl, 96) \
+  X(ncclGin_v15_t, closeListen, 104) \
+  X(ncclGin_v15_t, ginProgress, 112) \
+  X(ncclGin_v15_t, queryLastError, 120) \
+  X(ncclGin_v15_t, finalize, 128) \
   X(ncclNet_v6_t, name, 0) \
   X(ncclNet_v6_t, init, 8) \
   X(ncclNet_v6_t, devices, 16) \
@@ -638,6 +674,28 @@
   X(ncclRma_v16_t, rmaProgress, 152) \
   X(ncclRma_v16_t, queryLastError, 160) \
   X(ncclRma_v16_t, finalize, 168) \
+  X(ncclRma_v17_t, name, 0) \
+  X(ncclRma_v17_t, init, 8) \
+  X(ncclRma_v17_t, devices, 16) \
+  X(ncclRma_v17_t, getRmaProperties, 24) \
+  X(ncclRma_v17_t, getProperties, 32) \
+  X(ncclRma_v17_t, listen, 40) \
+  X(ncclRma_v17_t, connect, 48) \
+  X(ncclRma_v17_t, createContext, 56) \
+  X(ncclRma_v17_t, regMrSym, 64) \
+  X(ncclRma_v17_t, regMrSymDmaBuf, 72) \
+  X(ncclRma_v17_t, deregMrSym, 80) \
+  X(ncclRma_v17_t, destroyContext, 88) \
+  X(ncclRma_v17_t, closeColl, 96) \
+  X(ncclRma_v17_t, closeListen, 104) \
+  X(ncclRma_v17_t, iput, 112) \
+  X(ncclRma_v17_t, iputSignal, 120) \
+  X(ncclRma_v17_t, iget, 128) \
+  X(ncclRma_v17_t, iflush, 136) \
+  X(ncclRma_v17_t, test, 144) \
+  X(ncclRma_v17_t, rmaProgress, 152) \
+  X(ncclRma_v17_t, queryLastError, 160) \
+  X(ncclRma_v17_t, finalize, 168) \
   X(ncclProfiler_v5_t, name, 0) \
   X(ncclProfiler_v5_t, init, 8) \
   X(ncclProfiler_v5_t, startEvent, 16) \

@@ -24,6 +24,7 @@ FAB_ABI_ASSERT(offsetof(ncclRmaConfig_v16_t, nContexts) == 0, "ncclRmaConfig_v16
 FAB_ABI_ASSERT(offsetof(ncclRmaConfig_v16_t, trafficClass) == 4, "ncclRmaConfig_v16_t.trafficClass at 4");
 FAB_ABI_ASSERT(offsetof(ncclRmaConfig_v16_t, rankStride) == 8, "ncclRmaConfig_v16_t.rankStride at 8");
 
+/* v17 and later pass this v16 struct unchanged (NCCL declares no v17 one). */
 typedef struct {
   bool flushesAllPutsOnAnySignal;
 } ncclRmaProperties_v16_t;

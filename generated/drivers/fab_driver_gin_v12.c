@@ -63,7 +63,7 @@ static fab_result drv_listen(fab_ctx* ctx, int dev, void* handle, void** listen_
   return (fab_result)tbl->listen((void*)ctx, dev, handle, listen_comm);
 }
 
-static fab_result drv_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm, void** coll) {
+static fab_result drv_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm, void** coll, const volatile uint32_t* abort_flag) {
   return (fab_result)tbl->connect((void*)ctx, handles, nranks, rank, n_contexts, 0, listen_comm, coll);
 }
 

@@ -372,6 +372,31 @@ static const struct fab_abi_slot rma_v16_slots[] = {
   {"finalize", 168, FAB_SLOT_REQUIRED},
 };
 
+static const struct fab_abi_slot rma_v17_slots[] = {
+  {"name", 0, FAB_SLOT_NAME},
+  {"init", 8, FAB_SLOT_REQUIRED},
+  {"devices", 16, FAB_SLOT_REQUIRED},
+  {"getRmaProperties", 24, FAB_SLOT_REQUIRED},
+  {"getProperties", 32, FAB_SLOT_REQUIRED},
+  {"listen", 40, FAB_SLOT_REQUIRED},
+  {"connect", 48, FAB_SLOT_REQUIRED},
+  {"createContext", 56, FAB_SLOT_REQUIRED},
+  {"regMrSym", 64, FAB_SLOT_REQUIRED},
+  {"regMrSymDmaBuf", 72, FAB_SLOT_REQUIRED},
+  {"deregMrSym", 80, FAB_SLOT_REQUIRED},
+  {"destroyContext", 88, FAB_SLOT_REQUIRED},
+  {"closeColl", 96, FAB_SLOT_REQUIRED},
+  {"closeListen", 104, FAB_SLOT_REQUIRED},
+  {"iput", 112, FAB_SLOT_REQUIRED},
+  {"iputSignal", 120, FAB_SLOT_REQUIRED},
+  {"iget", 128, FAB_SLOT_OPTIONAL},
+  {"iflush", 136, FAB_SLOT_OPTIONAL},
+  {"test", 144, FAB_SLOT_REQUIRED},
+  {"rmaProgress", 152, FAB_SLOT_OPTIONAL},
+  {"queryLastError", 160, FAB_SLOT_OPTIONAL},
+  {"finalize", 168, FAB_SLOT_REQUIRED},
+};
+
 const struct fab_driver_info fab_drivers[] = {
   {"gin", "fab_rma_api", "nccl-net-fabric", "ncclGinPlugin_v11", 11, "Fabric", 152, 19, gin_v11_slots,
    fab_driver_bind_gin_v11},
@@ -405,6 +430,8 @@ const struct fab_driver_info fab_drivers[] = {
    fab_driver_bind_rma_v15},
   {"rma", "fab_rma_api", "nccl-net-fabric", "ncclRmaPlugin_v16", 16, "Fabric", 176, 22, rma_v16_slots,
    fab_driver_bind_rma_v16},
+  {"rma", "fab_rma_api", "nccl-net-fabric", "ncclRmaPlugin_v17", 17, "Fabric", 176, 22, rma_v17_slots,
+   fab_driver_bind_rma_v17},
 };
 const int fab_driver_count = (int)(sizeof fab_drivers / sizeof fab_drivers[0]);
 

@@ -78,6 +78,7 @@ int fab_driver_bind_rma_v13(const void* table, void* api);
 int fab_driver_bind_rma_v14(const void* table, void* api);
 int fab_driver_bind_rma_v15(const void* table, void* api);
 int fab_driver_bind_rma_v16(const void* table, void* api);
+int fab_driver_bind_rma_v17(const void* table, void* api);
 
 #ifdef __cplusplus
 }

@@ -68,6 +68,10 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_config*)0)->traffic_class), in
                "abi/core.toml: fab_rma_config.traffic_class is not int");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_config*)0)->rank_stride), int),
                "abi/core.toml: fab_rma_config.rank_stride is not int");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_config*)0)->peers), const int*),
+               "abi/core.toml: fab_rma_config.peers is not const int*");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_config*)0)->npeers), int),
+               "abi/core.toml: fab_rma_config.npeers is not int");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_properties*)0)->flushes_all_puts_on_any_signal), bool),
                "abi/core.toml: fab_rma_properties.flushes_all_puts_on_any_signal is not bool");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_comm_config*)0)->traffic_class), int),
@@ -159,7 +163,7 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_init), fab_result (*)(fab_ctx**
                "abi/core.toml: fab_rma_init differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_get_properties), fab_result (*)(int, fab_properties*)),
                "abi/core.toml: fab_rma_get_properties differs from fab_core.h");
-_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_connect), fab_result (*)(fab_ctx*, void**, int, int, int, void*, void**)),
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_connect), fab_result (*)(fab_ctx*, void**, int, int, int, void*, void**, const volatile uint32_t*)),
                "abi/core.toml: fab_coll_connect differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_rma_properties), fab_result (*)(void*, fab_rma_properties*)),
                "abi/core.toml: fab_coll_rma_properties differs from fab_core.h");

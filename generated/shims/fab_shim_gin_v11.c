@@ -55,7 +55,7 @@ static ncclResult_t gin_v11_listen(void* ctx, int dev, void* handle, void** list
 }
 
 static ncclResult_t gin_v11_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm) {
-  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm);
+  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, NULL);
 }
 
 static ncclResult_t gin_v11_regMrSym(void* collComm, void* data, size_t size, int type, uint64_t mrFlags, void** mhandle, void** ginHandle) {

@@ -57,7 +57,7 @@ static ncclResult_t rma_v13_listen(void* ctx, int dev, void* handle, void** list
 }
 
 static ncclResult_t rma_v13_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm) {
-  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm);
+  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, NULL);
 }
 
 static ncclResult_t rma_v13_createContext(void* collComm, ncclGinConfig_v13_t* config, void** rmaCtx, ncclNetDeviceHandle_v11_t** devHandle) {
@@ -68,6 +68,8 @@ static ncclResult_t rma_v13_createContext(void* collComm, ncclGinConfig_v13_t* c
     config_core.n_contexts = config->nContexts;
     config_core.traffic_class = config->trafficClass;
     config_core.rank_stride = 1;
+    config_core.peers = NULL;
+    config_core.npeers = 0;
     config_in = &config_core;
   }
   return (ncclResult_t)fab_rma_create_context(collComm, config_in, rmaCtx, (void**)devHandle);

@@ -69,7 +69,7 @@ static ncclResult_t rma_v16_listen(void* ctx, int dev, void* handle, void** list
 }
 
 static ncclResult_t rma_v16_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm) {
-  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm);
+  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, NULL);
 }
 
 static ncclResult_t rma_v16_createContext(void* collComm, ncclRmaConfig_v16_t* config, void** rmaCtx) {
@@ -80,6 +80,8 @@ static ncclResult_t rma_v16_createContext(void* collComm, ncclRmaConfig_v16_t* c
     config_core.n_contexts = config->nContexts;
     config_core.traffic_class = config->trafficClass;
     config_core.rank_stride = config->rankStride;
+    config_core.peers = NULL;
+    config_core.npeers = 0;
     config_in = &config_core;
   }
   return (ncclResult_t)fab_rma_create_context(collComm, config_in, rmaCtx, NULL);

@@ -235,7 +235,7 @@ static void plugin_open(bmode* x) {
   ctl_send(handle, sizeof handle);
   ctl_recv(peer, sizeof peer);
   void* handles[2] = {rank == 0 ? handle : peer, rank == 0 ? peer : handle};
-  ok(x->api.connect(x->ctx, handles, 2, rank, 1, listen, &x->coll), "connect");
+  ok(x->api.connect(x->ctx, handles, 2, rank, 1, listen, &x->coll, NULL), "connect");
   ok(x->api.close_listen(listen), "closeListen");
   fab_rma_config cfg = {.n_contexts = 1, .traffic_class = INT_MIN, .rank_stride = 1};
   ok(x->api.create_context(x->coll, &cfg, &x->rctx, NULL), "createContext");

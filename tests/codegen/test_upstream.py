@@ -31,7 +31,7 @@ class CheckUpstream(unittest.TestCase):
         rc, out, err = self.check()
         self.assertEqual(rc, 0, err)
         self.assertIn("0 difference(s)", out)
-        self.assertIn("rma: v13 described here, not in", out, "what the headers lack is a note, not a difference")
+        self.assertIn("rma: v13, v17 described here, not in", out, "what the headers lack is a note, not a difference")
         self.assertIn("rma v90: in upstream", out)
         self.assertIn("not described (--ignore)", out)
         self.assertIn("net: no ncclNet_vN_t in", out, "a family the headers do not have is a note")
@@ -89,7 +89,7 @@ class CheckUpstream(unittest.TestCase):
     def test_a_struct_pointer_made_void(self):
         with TempDir() as tmp:
             spec = copy_specs(tmp)
-            edit(f"{spec}/rma.toml", 'type = "ncclRmaProperties_v{v}_t*"', 'type = "void*"')
+            edit(f"{spec}/rma.toml", '"16" = "ncclRmaProperties_v{v}_t*"', '"16" = "void*"')
             rc, _, err = self.check(spec)
             self.assertEqual(rc, 1)
             self.assert_difference(err, "abi/rma.toml", "rma/rma_v16.h", "getRmaProperties", "rmaProps",
@@ -153,36 +153,55 @@ class CheckUpstream(unittest.TestCase):
                                    "ncclProfilerEventDescr_v6_t.u.netPlugin.data is void* here", "says int")
 
 
+def specs_up_to_v16(tmp):
+    """A copy of abi/ whose RMA family stops at v16, so the v90 fixture is drafted against v16."""
+    spec = copy_specs(tmp)
+    edit(f"{spec}/rma.toml", "versions = [13, 14, 15, 16, 17]", "versions = [13, 14, 15, 16]")
+    with open(f"{spec}/rma.toml") as f:
+        text = f.read()
+    with open(f"{spec}/rma.toml", "w") as f:
+        f.write(re.sub(r'^17 = ".*"\n', "", text, flags=re.M))
+    return spec
+
+
 class Import(unittest.TestCase):
-    def test_drafts_the_delta_of_a_new_version(self):
-        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "90")
+    def draft90(self):
+        with TempDir() as tmp:
+            rc, out, err = run_generator("--spec-dir", specs_up_to_v16(tmp), "--import", FIXTURE, "--family", "rma",
+                                         "--version", "90")
         self.assertEqual(rc, 0, err)
+        return out
+
+    def test_drafts_the_delta_of_a_new_version(self):
+        out = self.draft90()
         self.assertIn('[table.layout] "90" = { size = 184, slots = ["name", "init", "devices", "getRmaProperties"', out)
         self.assertIn("slot iflush: argument 'optFlags' uint32_t is new at position 5: "
                       '{ name = "optFlags", type = "uint32_t", since = 90, conv = "ignore" }', out)
         self.assertIn('slot abort (new, index 22): since = 90, args = [{ name = "collComm", type = "void*" }]', out)
 
     def test_a_new_argument_gets_a_conversion(self):
-        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "90")
-        self.assertEqual(rc, 0, err)
+        out = self.draft90()
         self.assertIn("slot connect: argument 'abortFlag' volatile uint32_t* is new at position 7: "
-                      '{ name = "abortFlag", type = "volatile uint32_t*", since = 90, conv = "ignore" }  '
-                      "# fab_coll_connect has no parameter for it", out)
+                      '{ name = "abortFlag", type = "volatile uint32_t*", since = 90, conv = "copy", '
+                      'to = "abort_flag" }', out, "a core parameter of the same name (snake case) takes it")
+        self.assertIn("slot iflush: argument 'optFlags' uint32_t is new at position 5: "
+                      '{ name = "optFlags", type = "uint32_t", since = 90, conv = "ignore" }  '
+                      "# fab_rma_iflush has no parameter for it", out)
 
     def test_a_struct_reused_from_an_older_version(self):
-        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "90")
-        self.assertEqual(rc, 0, err)
+        out = self.draft90()
         self.assertIn("slot getRmaProperties: argument 'rmaProps' keeps ncclRmaProperties_v16_t* (the spec would "
                       'render ncclRmaProperties_v90_t*): type = { "-16" = "ncclRmaProperties_v{v}_t*", '
                       '"90-" = "ncclRmaProperties_v16_t*" }', out)
 
     def test_a_changed_struct_gets_fields_and_a_layout(self):
-        rc, out, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "90")
-        self.assertEqual(rc, 0, err)
+        out = self.draft90()
         self.assertIn("struct ncclRmaConfig_v90_t: field 'rankStride' is gone in v90: add until = 16; the core's "
                       "rank_stride then takes its absent value", out)
         self.assertIn('struct ncclRmaConfig_v90_t: field \'peerList\' is new: { name = "peerList", type = "int*", '
                       'since = 90, conv = "ignore" }  # fab_rma_config has no field for it', out)
+        self.assertIn('struct ncclRmaConfig_v90_t: field \'flags\' is new: { name = "flags", type = "int", '
+                      'since = 90, conv = "ignore" }', out)
         self.assertIn('struct ncclRmaConfig_v90_t: layout "90" = { size = 24, align = 8, offsets = { nContexts = 0, '
                       'trafficClass = 4, peerList = 8, flags = 16 } }', out)
 

@@ -40,6 +40,12 @@ class SpecErrors(unittest.TestCase):
         self.assertIn("abi/neuron.toml: table.slot[irecv].args[size]", err)
         self.assertIn("widen_one needs a pointer on the core side", err)
 
+    def test_volatile_is_kept(self):
+        err = self.generate_broken(lambda d: edit(f"{d}/core.toml", '{ name = "abort_flag", type = "const volatile uint32_t*" }',
+                                                  '{ name = "abort_flag", type = "const uint32_t*" }'))
+        self.assertIn("abi/rma.toml: table.slot[connect].args[abortFlag]", err)
+        self.assertIn("drops volatile", err)
+
     def test_unknown_key_in_struct_field(self):
         err = self.generate_broken(lambda d: edit(
             f"{d}/common.toml", '{ name = "trafficClass", type = "int", conv = "copy", core = "traffic_class" }',

@@ -4,7 +4,7 @@
  * A failed check in any rank prints "rank R: file:line: message" and exits
  * non-zero; the parent reports every rank's exit and fails if any did.
  * The plugin is loaded after the fork, in each rank, through the table
- * FABRIC_TEST_RMA_API names (13..16: ncclRmaPlugin_vN; gin11, gin12:
+ * FABRIC_TEST_RMA_API names (13..17: ncclRmaPlugin_vN; gin11, gin12:
  * ncclGinPlugin_vN; "core" uses the engine linked in).
  */
 #ifndef RMA_RANKS_H

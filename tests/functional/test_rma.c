@@ -1,7 +1,7 @@
 /*
  * One-sided operations through NCCL's RMA tables, in N processes:
  *   fabric-rma --ranks N [--max-size BYTES]
- * with FI_PROVIDER, FABRIC_TRANSPORT=rdma and FABRIC_TEST_RMA_API (13..16 or
+ * with FI_PROVIDER, FABRIC_TRANSPORT=rdma and FABRIC_TEST_RMA_API (13..17 or
  * core) from the environment. Phases:
  *  - transfer: put-with-signal of 0 B .. max-size at odd offsets to every
  *    rank (itself included); each target checks every byte at the moment
@@ -18,6 +18,9 @@
  *    a deregistered window, a bogus request: each an error and one WARN;
  *    and at teardown every rank checks the guard pages around its window;
  *  - teardown and init again in the same process.
+ * --case connect_abort: NCCL raises the abort flag (RMA v17+) while connect
+ * waits for a peer that never connects: the call ends within a second, with
+ * one WARN, long before the connect timeout.
  * --mem gpu registers every window as NCCL_PTR_CUDA and --mem mixed the data
  * window only as host memory: with FABRIC_GPU_EMULATE=1 (set here) such
  * "GPU memory" is mapped without access, so the plugin and the provider
@@ -176,7 +179,7 @@ static void setup(rr_ctx* c, grp* g, size_t region) {
   void* handles[RR_MAX_RANKS];
   for (int r = 0; r < c->nranks; r++) handles[r] = rr_handle(r);
   rr_phase(c, "connect");
-  RR_OK(c->api.connect(g->ctx, handles, c->nranks, c->rank, NCTX, listen, &g->coll));
+  RR_OK(c->api.connect(g->ctx, handles, c->nranks, c->rank, NCTX, listen, &g->coll, NULL));
   RR_OK(c->api.close_listen(listen));
   g->listen_gone = listen;
   if (c->api.get_rma_properties) {
@@ -185,7 +188,11 @@ static void setup(rr_ctx* c, grp* g, size_t region) {
     RR_CHECK(!rp.flushes_all_puts_on_any_signal, "a signal orders its own source's puts only");
   }
   if (c->api.create_context) {
-    fab_rma_config cfg = {.n_contexts = NCTX, .traffic_class = INT_MIN, .rank_stride = 1};
+    int peers[RR_MAX_RANKS], npeers = 0; /* RMA v17's peer list: every other rank */
+    for (int r = 0; r < c->nranks; r++)
+      if (r != c->rank) peers[npeers++] = r;
+    fab_rma_config cfg = {.n_contexts = NCTX, .traffic_class = INT_MIN, .rank_stride = 1, .peers = peers,
+                          .npeers = npeers};
     void* dev_handle = (void*)1;
     RR_OK(c->api.create_context(g->coll, &cfg, &g->rctx, &dev_handle));
     if (c->version == 13 || c->version == 0) /* the GIN v13 layout has one */
@@ -453,6 +460,19 @@ static void errors(rr_ctx* c, grp* g) {
     EXPECT_ERR(c->api.iput(g->listen_gone, 0, 0, g->src_mh, 16, 0, g->data_mh, d, 0, &req),
                "a closed listen comm passed as a context");
     EXPECT_ERR(c->api.dereg_mr_sym(g->coll, tmp_mh), "deregistering twice");
+    if (c->api.create_context && (c->version == 0 || c->version >= 17)) { /* the peer list reaches the core */
+      void* x = NULL;
+      int out_of_range[1] = {c->nranks};
+      fab_rma_config bad = {.n_contexts = 1, .traffic_class = INT_MIN, .rank_stride = 1, .peers = out_of_range,
+                            .npeers = 1};
+      EXPECT_ERR(c->api.create_context(g->coll, &bad, &x, NULL), "a peer list naming a rank out of range");
+      bad.npeers = -1;
+      EXPECT_ERR(c->api.create_context(g->coll, &bad, &x, NULL), "a negative peer count");
+      bad.peers = NULL;
+      bad.npeers = 1;
+      EXPECT_ERR(c->api.create_context(g->coll, &bad, &x, NULL), "a peer count without a list");
+      RR_CHECK(x == NULL, "no context for a refused config");
+    }
     if (mem_kind == MEM_HOST) { /* no driver here (or host memory): a CUDA window is refused, not taken */
       void* bad_mh = (void*)1;
       EXPECT_ERR(c->api.reg_mr_sym(g->coll, tmp, 4096, FAB_PTR_CUDA, 0, &bad_mh, NULL),
@@ -510,6 +530,48 @@ static void peer_killed(rr_ctx* c) {
   }
   RR_OK(c->api.close_coll(g.coll)); /* close after a failure: no hang, no crash */
   RR_OK(c->api.finalize(g.ctx));
+}
+
+static volatile uint32_t abort_flag;
+
+static void* raise_abort(void* arg) {
+  usleep(300 * 1000);
+  __atomic_store_n(&abort_flag, 1, __ATOMIC_RELEASE);
+  return arg;
+}
+
+/* Rank 0 connects to a rank 1 that listens but never connects; NCCL raises
+ * its abort flag 300 ms in (RMA v17 passes it to connect). */
+static void connect_abort(rr_ctx* c) {
+  fab_ctx* ctx = NULL;
+  RR_OK(c->api.init(&ctx, 0xab047, rr_logger));
+  void* listen = NULL;
+  RR_OK(c->api.listen(ctx, 0, rr_handle(c->rank), &listen));
+  rr_barrier(c, "listen");
+  if (c->rank == 0) {
+    RR_CHECK(c->version == 0 || c->version >= 17, "RMA v%d has no abort flag: run this case through v17+",
+             c->version);
+    void* handles[RR_MAX_RANKS];
+    for (int r = 0; r < c->nranks; r++) handles[r] = rr_handle(r);
+    pthread_t t;
+    RR_CHECK(pthread_create(&t, NULL, raise_abort, NULL) == 0, "pthread_create");
+    rr_phase(c, "connect with the abort flag raised 300 ms in");
+    rr_expect_warns(1);
+    int warns0 = rr_warns();
+    int64_t t0 = rr_now_ms();
+    void* coll = NULL;
+    fab_result rc = c->api.connect(ctx, handles, c->nranks, c->rank, 1, listen, &coll, &abort_flag);
+    int64_t took = rr_now_ms() - t0;
+    pthread_join(t, NULL);
+    RR_CHECK(rc != FAB_OK && coll == NULL, "connect returned %d and %p with the abort flag raised", (int)rc, coll);
+    RR_CHECK(took < 3000, "connect took %lld ms to see the abort flag", (long long)took);
+    RR_CHECK(rr_warns() - warns0 == 1, "%d WARN lines for an abort (want 1)", rr_warns() - warns0);
+    printf("rank 0: connect gave up %lld ms after it started, 300 ms after the abort flag (result %d)\n",
+           (long long)took, (int)rc);
+  }
+  rr_barrier(c, "aborted");
+  RR_OK(c->api.close_listen(listen));
+  RR_OK(c->api.finalize(ctx));
 }
 
 /* NCCL's shape: a proxy thread streams puts with signals and drives progress
@@ -721,11 +783,12 @@ int main(int argc, char** argv) {
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "init_refused") == 0) run = init_refused;
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "two_groups") == 0) run = two_groups;
     else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "dereg_remote") == 0) run = dereg_remote;
+    else if (strcmp(argv[i], "--case") == 0 && strcmp(argv[i + 1], "connect_abort") == 0) run = connect_abort;
     else if (strcmp(argv[i], "--mem") == 0 && strcmp(argv[i + 1], "host") == 0) mem_kind = MEM_HOST;
     else if (strcmp(argv[i], "--mem") == 0 && strcmp(argv[i + 1], "gpu") == 0) mem_kind = MEM_GPU;
     else if (strcmp(argv[i], "--mem") == 0 && strcmp(argv[i + 1], "mixed") == 0) mem_kind = MEM_MIXED;
     else {
-      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed|threads|init_refused|two_groups|dereg_remote] "
+      fprintf(stderr, "usage: %s [--ranks N] [--max-size BYTES] [--case peer_killed|threads|init_refused|two_groups|dereg_remote|connect_abort] "
               "[--mem host|gpu|mixed]\n", argv[0]);
       return 2;
     }
