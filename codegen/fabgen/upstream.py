@@ -26,7 +26,9 @@ from .spec import SpecError
 from .versions import parse_range
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-_STRUCT = re.compile(r"\btypedef\s+struct\s*\w*\s*\{")
+_STRUCT = re.compile(r"\btypedef\s+(struct|union)\s*\w*\s*\{")
+# Types the plugin headers use but take from elsewhere (LP64 Linux): NCCL's os/linux.h makes ncclPid_t a pid_t.
+_EXTERNAL = {"ncclPid_t": (4, 4), "pid_t": (4, 4)}
 _ENUM = re.compile(r"\btypedef\s+enum\s*\w*\s*\{[^}]*\}\s*(\w+)\s*;")
 _AGGREGATE = re.compile(r"^(struct|union)\s*\w*\s*\{")
 _ALIAS = re.compile(r"\btypedef\s+(?!struct\b|enum\b|union\b)([A-Za-z_]\w*)\s+([A-Za-z_]\w*)\s*;")
@@ -51,6 +53,7 @@ class Struct:
     file: str
     line: int
     members: list = field(default_factory=list)
+    kind: str = "struct"         # or "union"
 
 
 class Headers:
@@ -82,7 +85,7 @@ class Headers:
             tail = re.match(r"\s*(\w+)\s*;", text[end + 1:])
             if not tail:
                 continue
-            s = Struct(tail.group(1), rel, _line(text, m.start()))
+            s = Struct(tail.group(1), rel, _line(text, m.start()), kind=m.group(1))
             s.members = _members(text[m.end():end], _line(text, m.end()))
             self.structs[s.name] = s
 
@@ -139,6 +142,8 @@ class Headers:
         prim = ctypes.PRIMITIVES.get(name)
         if prim:
             return prim[:2]
+        if name in _EXTERNAL:
+            return _EXTERNAL[name]
         while name in self.aliases and name not in self.structs and name not in self.enums:
             name = self.aliases[name][0]
             if name in ctypes.PRIMITIVES:
@@ -148,7 +153,7 @@ class Headers:
         s = self.structs.get(name)
         if s is None or name in seen:
             return None
-        return self.layout(Member(name, "struct", s.line, children=s.members), seen + (name,))
+        return self.layout(Member(name, s.kind, s.line, children=s.members), seen + (name,))
 
 
 def _line(text, pos):
@@ -469,6 +474,8 @@ def _same_type(headers, ours, theirs):
 
 
 def _check_struct(inst, up, headers, where):
+    if inst.family.union:
+        return _check_union(inst, up, headers, where)
     diffs, label, key = [], inst.family.file, inst.family.key
     ours = [name for _, name, _ in inst.fields]
     theirs = [m.name for m in up.members]
@@ -506,7 +513,7 @@ def _check_partial_rest(inst, up, headers, where, shared):
     next field stands for an upstream nested aggregate (an anonymous union), its size and the members
     both name (the union's netPlugin), field by field."""
     diffs, label, key = [], inst.family.file, inst.family.key
-    whole = headers.layout(Member(up.name, "struct", up.line, children=up.members))
+    whole = headers.layout(Member(up.name, up.kind, up.line, children=up.members))
     if whole is not None and whole[0] != inst.size:
         diffs.append(f"{label}:{where.field(label, key, inst.fields[0][1])}: {inst.c_name} is {inst.size} bytes "
                      f"here; upstream {_up(headers, up)} is {whole[0]}")
@@ -520,20 +527,42 @@ def _check_partial_rest(inst, up, headers, where, shared):
     if size is not None and size[0] != t.size:
         diffs.append(f"{label}:{line}: {at} is {t.size} bytes here; upstream {_up(headers, up, m)} "
                      f"{m.type} is {size[0]}")
-    theirs = {c.name: c for c in m.children if c.name}
-    for _, member, mt in t.struct.fields:
+    return diffs + _alike_members(t.struct.fields, m.children, f"{label}:{line}: {at}", headers, up)
+
+
+def _alike_members(our_fields, their_members, prefix, headers, up):
+    """Members both sides name, where both are aggregates (a union's netPlugin): field by field."""
+    diffs, theirs = [], {c.name: c for c in their_members if c.name}
+    for _, member, mt in our_fields:
         c = theirs.get(member)
         if c is None or mt.struct is None or c.children is None:
             continue
         if [f[1] for f in mt.struct.fields] != [g.name for g in c.children]:
-            diffs.append(f"{label}:{line}: {at}.{member} fields are {[f[1] for f in mt.struct.fields]}; upstream "
+            diffs.append(f"{prefix}.{member} fields are {[f[1] for f in mt.struct.fields]}; upstream "
                          f"{_up(headers, up, c)} has {[g.name for g in c.children]}")
             continue
         for (_, fname, ft), g in zip(mt.struct.fields, c.children):
             if normalize(ft.spelling) != g.type:
-                diffs.append(f"{label}:{line}: {at}.{member}.{fname} is {ft.spelling} here; upstream "
-                             f"{_up(headers, up, g)} says {g.type}")
+                diffs.append(f"{prefix}.{member}.{fname} is {ft.spelling} here; upstream {_up(headers, up, g)} "
+                             f"says {g.type}")
     return diffs
+
+
+def _check_union(inst, up, headers, where):
+    """A union the spec describes by the members the plugin uses and a filler: its size, and the members
+    both sides name."""
+    label, key = inst.family.file, inst.family.key
+    line = where.field(label, key, inst.fields[0][1])
+    _NAME_NOTES.append(f"{label}:{line}: {inst.c_name}: a union compared by size and by the members named alike")
+    diffs = []
+    whole = headers.layout(Member(up.name, up.kind, up.line, children=up.members))
+    if up.kind != "union":
+        diffs.append(f"{label}:{line}: {inst.c_name} is a union here; upstream {_up(headers, up)} declares a "
+                     f"{up.kind}")
+    elif whole is not None and whole[0] != inst.size:
+        diffs.append(f"{label}:{line}: {inst.c_name} is {inst.size} bytes here; upstream {_up(headers, up)} is "
+                     f"{whole[0]}")
+    return diffs + _alike_members(inst.fields, up.members, f"{label}:{line}: {inst.c_name}", headers, up)
 
 
 # ---- --import ---------------------------------------------------------------------------------
@@ -562,7 +591,7 @@ def draft(spec, headers, family_key, version):
         if s.name not in theirs:
             out.append(f"slot {s.name}: not in v{version}: add until = {base_v}")
     for i, m in enumerate(up.members):
-        out += _draft_slot(base, m, i, version, base_v)
+        out += _draft_slot(headers, base, m, i, version, base_v)
     out += _draft_structs(spec, headers, up, version, base_v)
     return out
 
@@ -593,7 +622,7 @@ def _arg_line(name, t_v, version, core):
     return line
 
 
-def _draft_slot(base, m, index, version, base_v):
+def _draft_slot(headers, base, m, index, version, base_v):
     s = base.slot(m.name)
     if s is None:
         if m.params is None:
@@ -616,7 +645,7 @@ def _draft_slot(base, m, index, version, base_v):
                        + _arg_line(n, t_v, version, s.core))
             continue
         extended = normalize(raw[n].replace("{v}", str(version)))
-        if extended == t:
+        if _same_type(headers, extended, t):
             continue
         reuse = "{v}" in raw[n] and re.sub(r"_v\d+_t\b", "_v{v}_t", t) == " ".join(raw[n].split())
         why = f"keeps {t} (the spec would render {extended})" if reuse else f"changes type to {t}"
@@ -642,13 +671,51 @@ def _draft_structs(spec, headers, table_struct, version, base_v):
             prev = name.replace(f"_v{version}_t", f"_v{base_v}_t")
             inst = spec.instances.get(prev)
             if up is None:
-                out.append(f"struct {name}: not found in the headers")
+                if not _is_alias_of_non_struct(headers, name):
+                    out.append(f"struct {name}: not found in the headers")
                 continue
             out += _draft_struct(spec, headers, up, name, prev, inst, version, base_v)
     return out
 
 
+def _is_alias_of_non_struct(headers, name):
+    """A per-version name for an enum or a primitive (typedef ncclProfilerEventState_t ..._v7_t)."""
+    seen = set()
+    while name in headers.aliases and name not in seen:
+        seen.add(name)
+        name = headers.aliases[name][0]
+    return bool(seen) and name not in headers.structs
+
+
+def _draft_stand_in(headers, up, name, prev, inst, version, base_v):
+    """A struct or union the spec describes in part (inst.family.partial or .union): compared by the leading
+    fields, the members both sides name, and sizes; upstream's anonymous aggregate stands where ours
+    has a named one."""
+    whole = headers.layout(Member(up.name, up.kind, up.line, children=up.members))
+    notes = []
+    for i, (_, n, t) in enumerate(inst.fields):
+        m = next((c for c in up.members if c.name == n), None)
+        if m is None and not inst.family.union and i < len(up.members) and up.members[i].name == "" \
+                and up.members[i].children is not None:
+            m = up.members[i]  # the anonymous union our named field stands for
+        if m is None:
+            continue
+        size = headers.layout(m)
+        if size is not None and size[0] != t.size:
+            what = f"the anonymous {m.type}" if not m.name else f"member '{n}'"
+            notes.append(f"struct {name}: {what} is {size[0]} bytes (v{base_v}: {t.size} as '{n}', "
+                         f"{t.spelling}): record the new size in its layout and resize any filler")
+    if whole is not None and whole[0] != inst.size:
+        notes.append(f"struct {name}: {whole[0]} bytes (v{base_v}: {inst.size})")
+    if not notes:
+        return [f"struct {name}: the part {prev} describes is unchanged ({inst.size} bytes): extend its layout "
+                f"range to {version}"]
+    return notes + [_layout_line(headers, up, name, version, [n for _, n, _ in inst.fields])]
+
+
 def _draft_struct(spec, headers, up, name, prev, inst, version, base_v):
+    if inst is not None and (inst.family.partial or inst.family.union):
+        return _draft_stand_in(headers, up, name, prev, inst, version, base_v)
     fields = [(f.name, f.type + (f"[{f.length}]" if f.length else "")) for f in up.members]
     reused = f" (upstream: a typedef of {up.name})" if up.name != name else ""
     ours = [(n, _spec_type(fd, base_v)) for fd, n, _ in inst.fields] if inst else None
@@ -678,16 +745,19 @@ def _draft_struct(spec, headers, up, name, prev, inst, version, base_v):
     return out
 
 
-def _layout_line(headers, up, name, version):
-    """The layout record a struct's spec needs, computed from the header (LP64)."""
+def _layout_line(headers, up, name, version, our_names=None):
+    """The layout record a struct's spec needs, computed from the header (LP64). our_names: the spec's
+    field names, where an anonymous member stands at the same place as a named one of ours."""
     offsets, offset, align = [], 0, 1
-    for f in up.members:
+    for i, f in enumerate(up.members):
         one = headers.layout(f)
         if one is None:
             return f"struct {name}: layout \"{version}\": a member's size is unknown here; compute it by hand"
-        offset = ctypes.align_up(offset, one[1])
-        offsets.append(f"{f.name} = {offset}")
-        offset, align = offset + one[0], max(align, one[1])
+        offset = 0 if up.kind == "union" else ctypes.align_up(offset, one[1])
+        label = f.name or (our_names[i] if our_names and i < len(our_names) else f"<anonymous {f.type}>")
+        offsets.append(f"{label} = {offset}")
+        offset = max(offset, one[0]) if up.kind == "union" else offset + one[0]
+        align = max(align, one[1])
     size = ctypes.align_up(offset, align)
     return (f"struct {name}: layout \"{version}\" = {{ size = {size}, align = {align}, offsets = "
             f"{{ {', '.join(offsets)} }} }}")

@@ -26,5 +26,6 @@
 #include "fab_abi_rma_v17.h"
 #include "fab_abi_profiler_v5.h"
 #include "fab_abi_profiler_v6.h"
+#include "fab_abi_profiler_v7.h"
 
 #endif

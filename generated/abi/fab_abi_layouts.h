@@ -40,12 +40,17 @@
   X(ncclProfilerEventDescrUnion_v5_t, 88, 8) \
   X(ncclProfilerNetPluginDescr_v6_t, 16, 8) \
   X(ncclProfilerEventDescrUnion_v6_t, 88, 8) \
+  X(ncclProfilerNetPluginDescr_v7_t, 16, 8) \
+  X(ncclProfilerEventDescrUnion_v7_t, 112, 8) \
   X(ncclProfilerEventDescr_v5_t, 112, 8) \
   X(ncclProfilerEventDescr_v6_t, 112, 8) \
+  X(ncclProfilerEventDescr_v7_t, 136, 8) \
   X(ncclProfilerNetPluginStateArgs_v5_t, 8, 8) \
   X(ncclProfilerEventStateArgs_v5_t, 8, 8) \
   X(ncclProfilerNetPluginStateArgs_v6_t, 8, 8) \
   X(ncclProfilerEventStateArgs_v6_t, 8, 8) \
+  X(ncclProfilerNetPluginStateArgs_v7_t, 8, 8) \
+  X(ncclProfilerEventStateArgs_v7_t, 8, 8) \
   X(ncclRmaConfig_v14_t, 12, 4) \
   X(ncclRmaConfig_v15_t, 12, 4) \
   X(ncclRmaConfig_v16_t, 12, 4) \
@@ -237,11 +242,15 @@
   X(ncclProfilerNetPluginDescr_v5_t, id, 0) \
   X(ncclProfilerNetPluginDescr_v5_t, data, 8) \
   X(ncclProfilerEventDescrUnion_v5_t, netPlugin, 0) \
-  X(ncclProfilerEventDescrUnion_v5_t, other88, 0) \
+  X(ncclProfilerEventDescrUnion_v5_t, other, 0) \
   X(ncclProfilerNetPluginDescr_v6_t, id, 0) \
   X(ncclProfilerNetPluginDescr_v6_t, data, 8) \
   X(ncclProfilerEventDescrUnion_v6_t, netPlugin, 0) \
-  X(ncclProfilerEventDescrUnion_v6_t, other88, 0) \
+  X(ncclProfilerEventDescrUnion_v6_t, other, 0) \
+  X(ncclProfilerNetPluginDescr_v7_t, id, 0) \
+  X(ncclProfilerNetPluginDescr_v7_t, data, 8) \
+  X(ncclProfilerEventDescrUnion_v7_t, netPlugin, 0) \
+  X(ncclProfilerEventDescrUnion_v7_t, other, 0) \
   X(ncclProfilerEventDescr_v5_t, type, 0) \
   X(ncclProfilerEventDescr_v5_t, parentObj, 8) \
   X(ncclProfilerEventDescr_v5_t, rank, 16) \
@@ -250,12 +259,19 @@
   X(ncclProfilerEventDescr_v6_t, parentObj, 8) \
   X(ncclProfilerEventDescr_v6_t, rank, 16) \
   X(ncclProfilerEventDescr_v6_t, u, 24) \
+  X(ncclProfilerEventDescr_v7_t, type, 0) \
+  X(ncclProfilerEventDescr_v7_t, parentObj, 8) \
+  X(ncclProfilerEventDescr_v7_t, rank, 16) \
+  X(ncclProfilerEventDescr_v7_t, u, 24) \
   X(ncclProfilerNetPluginStateArgs_v5_t, data, 0) \
   X(ncclProfilerEventStateArgs_v5_t, netPlugin, 0) \
   X(ncclProfilerEventStateArgs_v5_t, other8, 0) \
   X(ncclProfilerNetPluginStateArgs_v6_t, data, 0) \
   X(ncclProfilerEventStateArgs_v6_t, netPlugin, 0) \
   X(ncclProfilerEventStateArgs_v6_t, other8, 0) \
+  X(ncclProfilerNetPluginStateArgs_v7_t, data, 0) \
+  X(ncclProfilerEventStateArgs_v7_t, netPlugin, 0) \
+  X(ncclProfilerEventStateArgs_v7_t, other8, 0) \
   X(ncclRmaConfig_v14_t, nContexts, 0) \
   X(ncclRmaConfig_v14_t, trafficClass, 4) \
   X(ncclRmaConfig_v14_t, rankStride, 8) \
@@ -295,6 +311,7 @@
   X(ncclRma_v17_t, 176) \
   X(ncclProfiler_v5_t, 48) \
   X(ncclProfiler_v6_t, 48) \
+  X(ncclProfiler_v7_t, 48) \
   /* end */
 
 #define FAB_ABI_TABLE_SLOTS(X) \
@@ -708,6 +725,12 @@
   X(ncclProfiler_v6_t, stopEvent, 24) \
   X(ncclProfiler_v6_t, recordEventState, 32) \
   X(ncclProfiler_v6_t, finalize, 40) \
+  X(ncclProfiler_v7_t, name, 0) \
+  X(ncclProfiler_v7_t, init, 8) \
+  X(ncclProfiler_v7_t, startEvent, 16) \
+  X(ncclProfiler_v7_t, stopEvent, 24) \
+  X(ncclProfiler_v7_t, recordEventState, 32) \
+  X(ncclProfiler_v7_t, finalize, 40) \
   /* end */
 
 #endif

@@ -23,15 +23,15 @@ FAB_ABI_ASSERT(FAB_ABI_ALIGNOF(ncclProfilerNetPluginDescr_v6_t) == 8, "ncclProfi
 FAB_ABI_ASSERT(offsetof(ncclProfilerNetPluginDescr_v6_t, id) == 0, "ncclProfilerNetPluginDescr_v6_t.id at 0");
 FAB_ABI_ASSERT(offsetof(ncclProfilerNetPluginDescr_v6_t, data) == 8, "ncclProfilerNetPluginDescr_v6_t.data at 8");
 
-/* The descriptor's union; other88 stands for the members net events do not use (the largest is 88 bytes: coll, ceColl). */
+/* The descriptor's union; other stands for the members net events do not use (the largest: coll and ceColl, 88 bytes; from v7 coll, 112 bytes). */
 typedef union {
   ncclProfilerNetPluginDescr_v6_t netPlugin;
-  uint64_t other88[11];
+  uint64_t other[11];
 } ncclProfilerEventDescrUnion_v6_t;
 FAB_ABI_ASSERT(sizeof(ncclProfilerEventDescrUnion_v6_t) == 88, "ncclProfilerEventDescrUnion_v6_t: 88 bytes (abi/profiler.toml)");
 FAB_ABI_ASSERT(FAB_ABI_ALIGNOF(ncclProfilerEventDescrUnion_v6_t) == 8, "ncclProfilerEventDescrUnion_v6_t: aligned to 8");
 FAB_ABI_ASSERT(offsetof(ncclProfilerEventDescrUnion_v6_t, netPlugin) == 0, "ncclProfilerEventDescrUnion_v6_t.netPlugin at 0");
-FAB_ABI_ASSERT(offsetof(ncclProfilerEventDescrUnion_v6_t, other88) == 0, "ncclProfilerEventDescrUnion_v6_t.other88 at 0");
+FAB_ABI_ASSERT(offsetof(ncclProfilerEventDescrUnion_v6_t, other) == 0, "ncclProfilerEventDescrUnion_v6_t.other at 0");
 
 /* startEvent's descriptor. For a net event: type ncclProfileNetPlugin, parentObj the proxy step's event, rank, u.netPlugin. */
 typedef struct {

@@ -122,13 +122,13 @@ args = [{ name = "request", type = "void*", conv = "copy", to = "request" }]
                       "ncclNetVDeviceProps_v12_t: computed size 36, recorded 40", err)
 
     def test_union_size_is_its_largest_member(self):
-        err = self.generate_broken(lambda d: edit(f"{d}/profiler.toml", '"5-" = { size = 88, align = 8, offsets = { '
-                                                  'netPlugin = 0, other88 = 0 } }', '"5-" = { size = 88, align = 8, '
-                                                  'offsets = { netPlugin = 0, other88 = 16 } }'))
-        self.assertIn("abi/profiler.toml: struct.ncclProfilerEventDescrUnion.layout.5-.offsets.other88: layout mismatch "
-                      "in ncclProfilerEventDescrUnion_v5_t: field 'other88' is at offset 0", err)
-        err = self.generate_broken(lambda d: edit(f"{d}/profiler.toml", '{ name = "other88", type = "uint64_t[11]" }',
-                                                  '{ name = "other88", type = "uint64_t[12]" }'))
+        err = self.generate_broken(lambda d: edit(f"{d}/profiler.toml", '"5-6" = { size = 88, align = 8, offsets = { '
+                                                  'netPlugin = 0, other = 0 } }', '"5-6" = { size = 88, align = 8, '
+                                                  'offsets = { netPlugin = 0, other = 16 } }'))
+        self.assertIn("abi/profiler.toml: struct.ncclProfilerEventDescrUnion.layout.5-6.offsets.other: layout mismatch "
+                      "in ncclProfilerEventDescrUnion_v5_t: field 'other' is at offset 0", err)
+        err = self.generate_broken(lambda d: edit(f"{d}/profiler.toml", '"-6" = "uint64_t[11]"',
+                                                  '"-6" = "uint64_t[12]"'))
         self.assertIn("ncclProfilerEventDescrUnion_v5_t: computed size 96, recorded 88", err)
 
     def test_union_has_no_core_conversion(self):

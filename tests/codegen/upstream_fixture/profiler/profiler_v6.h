@@ -26,11 +26,24 @@ typedef struct {
       int parentGroup;
     } coll;                     // the largest member: 88 bytes
     struct {
+      ncclPid_t pid;            // from the OS header: an int on Linux
+      int peer;
+    } proxyOp;
+    struct {
       int64_t id;
       void* data;
     } netPlugin;
   };
 } ncclProfilerEventDescr_v6_t;
+
+typedef union {
+  struct {
+    size_t transSize;
+  } proxyStep;
+  struct {
+    void* data;
+  } netPlugin;
+} ncclProfilerEventStateArgs_v6_t;
 
 typedef struct {
   const char* name;
