@@ -2,7 +2,7 @@
  * rmabench: one-sided operations through a plugin's ncclRmaPlugin_vN table
  * against raw libfabric doing the same writes, side by side in one run.
  *
- *   rmabench [--provider tcp|shm] [--api 13..16] [--reps N] [--smoke] [--csv FILE] PLUGIN.so
+ *   rmabench [--provider tcp|shm] [--api 13..17] [--reps N] [--smoke] [--csv FILE] PLUGIN.so
  *
  * Two processes on this host (forked; a socketpair carries handles and
  * barriers). Modes alternate raw, plugin, plugin, raw, ... for every point and
@@ -528,7 +528,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--smoke")) opt.smoke = 1;
     else if (argv[i][0] != '-') opt.plugin = argv[i];
     else {
-      fprintf(stderr, "usage: %s [--provider tcp|shm] [--api 13..16] [--reps N] [--smoke] [--csv FILE] PLUGIN.so\n",
+      fprintf(stderr, "usage: %s [--provider tcp|shm] [--api 13..17] [--reps N] [--smoke] [--csv FILE] PLUGIN.so\n",
               argv[0]);
       return 2;
     }
