@@ -60,27 +60,11 @@ fab_comm* fab_comm_alloc(fab_endpoint* ep, fab_device* dev, fab_obj_kind kind, f
   return c;
 }
 
-/* How many requests of c still wait for a completion (at most `enough`). */
-static uint32_t requests_pending_n(fab_comm* c, uint32_t enough) {
-  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire), n = 0;
-  for (uint32_t i = 0; i < used && n < enough; i++) {
-    fab_req* r = fab_pool_at(&c->reqs, i);
-    if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
-    /* acquire: a completion's last write to r is its pending count */
-    if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) n++;
-  }
-  return n;
-}
-
-static int requests_pending(fab_comm* c) { return requests_pending_n(c, 1) > 0; }
-
 /* 1 while an operation of c is in the provider's hands. ep lock held. */
 static int requests_posted(fab_comm* c) {
   uint32_t unposted = c->ops->unposted ? c->ops->unposted(c) : 0;
-  return requests_pending_n(c, unposted + 1) > unposted;
+  return fab_req_pending(c, unposted + 1) > unposted;
 }
-
-int fab_comm_busy(fab_comm* c) { return atomic_load(&c->inflight) > 0 || requests_pending(c); }
 
 static void nclosing_add(fab_endpoint* ep, int d);
 

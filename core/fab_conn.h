@@ -121,11 +121,6 @@ fab_result fab_conn_endpoint_create(fab_device* dev, fab_endpoint** out);
 
 /* fab_comm.c */
 void fab_comm_free(fab_comm* c);
-/* 1 while libfabric still holds an operation context of c: a control
- * operation (inflight) or a request with a posted operation that has not
- * completed (pending > 0; a grouped receive's unposted part is abandoned when
- * the comm closes). Scans the comm's used requests: for close time only. */
-int fab_comm_busy(fab_comm* c);
 /* The transport could not take an operation of c now (NULL request: the
  * runtime retries). A retry is a poll without progress for the liveness
  * check, so a runtime retrying against a dead peer gets the comm's failure

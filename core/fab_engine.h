@@ -506,6 +506,14 @@ static inline void fab_comm_count_completion(fab_comm* c) {
                         memory_order_relaxed);
 }
 
+/* How many requests of c still wait for a completion (at most `enough`). */
+uint32_t fab_req_pending(fab_comm* c, uint32_t enough);
+/* 1 while libfabric still holds an operation context of c: a control
+ * operation (inflight) or a request with a posted operation that has not
+ * completed (pending > 0; a grouped receive's unposted part is abandoned when
+ * the comm closes). Scans the comm's used requests: for close time and a
+ * stalled comm only. */
+int fab_comm_busy(fab_comm* c);
 /* Marks the connection failed (sticky); later calls on it return the error.
  * ep lock held. Does not WARN: the calls that return the error do. Posted
  * receives stay posted until the comm closes: the comm's owner may be
@@ -521,10 +529,9 @@ void fab_comm_truncated(fab_comm* c);
  * names). 1 with why set when the peer at addr is gone (its process or its
  * shared-memory region); 0 when alive or not such a peer. */
 int fab_peer_local_gone(const fab_endpoint* ep, const void* addr, size_t len, char* why, size_t why_len);
-/* The liveness check of c when its peer is such a peer: fails c when the
- * peer is gone, else counts its process as a sign of life. 0 when c's peer
- * is not one (probe it instead). ep lock held. */
-int fab_peer_check_local_locked(fab_comm* c);
+/* The peer at AV address peer, when it is such a peer: 1 gone (why set),
+ * 0 alive; -1 when it is not one (probe it instead). ep lock held. */
+int fab_peer_local_state(const fab_endpoint* ep, fi_addr_t peer, char* why, size_t why_len);
 /* 0 when addr has the form the provider's addresses have (fab_endpoint.c);
  * else -1 with why set. */
 int fab_ep_addr_check(const fab_endpoint* ep, const void* addr, size_t len, char* why, size_t why_len);

@@ -76,26 +76,10 @@ static const fab_av_entry* av_entry(const fab_endpoint* ep, fi_addr_t a) {
   return NULL;
 }
 
-int fab_peer_check_local_locked(fab_comm* c) {
-  fab_endpoint* ep = c->ep;
-  if (!ep->dev->local_only || ep->dev->info->addr_format != FI_ADDR_STR) return 0;
-  const fab_av_entry* a = av_entry(ep, c->peer);
+int fab_peer_local_state(const fab_endpoint* ep, fi_addr_t peer, char* why, size_t why_len) {
+  if (!ep->dev->local_only || ep->dev->info->addr_format != FI_ADDR_STR) return -1;
+  const fab_av_entry* a = av_entry(ep, peer);
   const char* base;
-  if (!a || !name_pid((const char*)a->addr, a->len, &base)) return 0;
-  char gone[192], why[256];
-  if (fab_peer_local_gone(ep, a->addr, a->len, gone, sizeof(gone))) {
-    /* A send it never took holds up this endpoint's later sends (shm
-     * completes them in order): new send comms get endpoints of their own. */
-    if (c->kind == FAB_OBJ_SEND && fab_comm_busy(c) && !ep->hol_blocked) {
-      ep->hol_blocked = 1;
-      FAB_INFO(FAB_SUBSYS_NET, "%s: sends to %s in flight on a dead peer; later send comms use endpoints of their "
-               "own", ep->dev->name, c->peer_name);
-    }
-    snprintf(why, sizeof(why), "the peer is gone: %s", gone);
-    fab_comm_fail(c, FAB_ERR_REMOTE, why);
-    return 1;
-  }
-  if (ep->hol_blocked) return 1; /* alive, but this endpoint's sends may never complete: let the timeout run */
-  c->stall_since_ms = 0;         /* a live local process is the sign of life a probe would give */
-  return 1;
+  if (!a || !name_pid((const char*)a->addr, a->len, &base)) return -1;
+  return fab_peer_local_gone(ep, a->addr, a->len, why, why_len);
 }

@@ -133,6 +133,44 @@ fab_result fab_req_test_helped(fab_req* r, int* done, int* sizes) {
 
 /* --- liveness ----------------------------------------------------------------- */
 
+/* The liveness check of a stalled c whose peer shares this host (fab_peer.c):
+ * fails c when the peer is gone, else counts its process as a sign of life.
+ * 0 when c's peer is not such a peer (probe it instead). ep lock held. */
+static int check_local_peer_locked(fab_comm* c) {
+  fab_endpoint* ep = c->ep;
+  char gone[136], why[160]; /* why fits the comm's error text */
+  int state = fab_peer_local_state(ep, c->peer, gone, sizeof(gone));
+  if (state < 0) return 0;
+  if (state > 0) {
+    /* A send it never took holds up this endpoint's later sends (shm
+     * completes them in order): new send comms get endpoints of their own. */
+    if (c->kind == FAB_OBJ_SEND && fab_comm_busy(c) && !ep->hol_blocked) {
+      ep->hol_blocked = 1;
+      FAB_INFO(FAB_SUBSYS_NET, "%s: sends to %s in flight on a dead peer; later send comms use endpoints of their "
+               "own", ep->dev->name, c->peer_name);
+    }
+    snprintf(why, sizeof(why), "the peer is gone: %s", gone);
+    fab_comm_fail(c, FAB_ERR_REMOTE, why);
+    return 1;
+  }
+  if (ep->hol_blocked) return 1; /* alive, but this endpoint's sends may never complete: let the timeout run */
+  c->stall_since_ms = 0;         /* a live local process is the sign of life a probe would give */
+  return 1;
+}
+
+uint32_t fab_req_pending(fab_comm* c, uint32_t enough) {
+  uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire), n = 0;
+  for (uint32_t i = 0; i < used && n < enough; i++) {
+    fab_req* r = fab_pool_at(&c->reqs, i);
+    if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
+    /* acquire: a completion's last write to r is its pending count */
+    if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) n++;
+  }
+  return n;
+}
+
+int fab_comm_busy(fab_comm* c) { return atomic_load(&c->inflight) > 0 || fab_req_pending(c, 1) > 0; }
+
 void fab_comm_fail(fab_comm* c, fab_result rc, const char* why) {
   if (c->error != FAB_OK) return;
   snprintf(c->error_why, sizeof(c->error_why), "%s", why);
@@ -204,7 +242,7 @@ void fab_comm_check_peer(fab_comm* c) {
   if (c->error == FAB_OK && c->stall_since_ms && !c->probe_posted &&
       now - c->last_probe_ms >= FAB_PROBE_INTERVAL_MS) {
     c->last_probe_ms = now;
-    if (fab_peer_check_local_locked(c)) {
+    if (check_local_peer_locked(c)) {
       /* a peer on this host: asked of the kernel, never probed (fab_peer.c) */
     } else {
       atomic_fetch_add(&c->inflight, 1);

@@ -33,8 +33,9 @@ FLOOR_OF = {stem: (level, name) for name, (level, stems) in FLOORS.items() for s
 DEF = re.compile(r"^((?:static\s+|inline\s+|__attribute__\(\([^)]*\)\)\s+)*)"
                  r"(?:const\s+)?(?:struct\s+)?[A-Za-z_]\w*[\s\*]+([a-z_]\w*)\s*\(", re.M)
 NAME = re.compile(r"\b([a-z_]\w*)\b")
-COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
-STRING = re.compile(r'"(?:\\.|[^"\\])*"')
+# Strings, character constants and comments in one left-to-right pass: a "//" inside a string ("://") is
+# not a comment, and a quote inside a comment opens no string.
+TOKEN = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|/\*.*?\*/|//[^\n]*', re.S)
 
 
 def sources(root):
@@ -43,8 +44,15 @@ def sources(root):
             yield p
 
 
+def _blank(m):
+    tok = m.group(0)
+    if tok[0] in "\"'":
+        return tok[0] * 2
+    return " " + "\n" * tok.count("\n")  # a comment; its lines are kept
+
+
 def strip(text):
-    return STRING.sub('""', COMMENT.sub(" ", text))
+    return TOKEN.sub(_blank, text)
 
 
 def node(p):
