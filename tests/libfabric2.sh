@@ -94,16 +94,16 @@ for case in "tcp rdma" "tcp sendrecv" "shm sendrecv" "shm rdma"; do
     "$fn/fabric-functional-core" --jobs=2 "--filter=!(functional/@($skip))"
 done
 for prov in tcp shm; do
-  run "functional.rma.$prov.v16.n2" env FI_PROVIDER=$prov FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma \
-    FABRIC_TEST_RMA_API=16 "$fn/fabric-rma" --ranks 2
+  run "functional.rma.$prov.v17.n2" env FI_PROVIDER=$prov FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma \
+    FABRIC_TEST_RMA_API=17 "$fn/fabric-rma" --ranks 2
 done
 # EFA's 4 bytes of remote CQ data (FABRIC_NIC_PROFILE, test only) on tcp: 2.x's tcp reports a remote write's
 # length, which the narrow format needs (1.x's does not; the 1.17 suite runs the profile on shm)
 run "functional.tcp.rdma.core.efa" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma FABRIC_TEST_API=core \
   FABRIC_NIC_PROFILE=efa FABRIC_EAGER_MAX=4096 "$fn/fabric-functional-core" --jobs=2 \
   "--filter=!(functional/@(connect_close_cycles|foreign_handle))"
-run "functional.rma.tcp.v16.n2.efa" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma FABRIC_NIC_PROFILE=efa \
-  FABRIC_TEST_RMA_API=16 "$fn/fabric-rma" --ranks 2
+run "functional.rma.tcp.v17.n2.efa" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma FABRIC_NIC_PROFILE=efa \
+  FABRIC_TEST_RMA_API=17 "$fn/fabric-rma" --ranks 2
 # connections within one process: on shm, 2.x crashed removing an AV entry of a closed in-process endpoint
 # (fixed by core/fab_ep_local.c), and wrote a waiting send from a closed registration (fixed in rd_send.c)
 run "unit.threads.tcp" "$top/build/tests/unit/fabric-unit-threads" tcp
