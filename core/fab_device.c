@@ -312,10 +312,16 @@ static uint64_t gpu_memory_caps(void) {
   return fab_g.params.gpu_memory == 1 ? FI_HMEM : FI_HMEM | FI_REMOTE_COMM;
 }
 
-/* One INFO line that says whether NCCL may hand us GPU memory, and why
- * (fabric-info shows it). */
+/* One INFO line that says whether NCCL may hand us GPU memory, and why, with
+ * a reason code in brackets (fabric-info reports both). */
 static void log_gpu_memory(const char* prov, const fab_transport_ops* t, uint64_t caps, int granted,
                            const char* unfit) {
+  const char* code = granted                     ? "hmem"
+                     : !fab_g.cuda_ok            ? "no_cuda_driver"
+                     : !caps                     ? "disabled"
+                     : unfit                     ? "hmem_unfit_for_transport"
+                     : (caps & FI_REMOTE_COMM)   ? "no_hmem_remote"
+                                                 : "no_hmem";
   const char* why = granted                     ? "provider grants FI_HMEM"
                     : !fab_g.cuda_ok            ? "the CUDA driver is not usable"
                     : !caps                     ? "FABRIC_GPU_MEMORY=0"
@@ -323,8 +329,8 @@ static void log_gpu_memory(const char* prov, const fab_transport_ops* t, uint64_
                     : (caps & FI_REMOTE_COMM)   ? "provider lacks FI_HMEM on endpoints that reach other hosts "
                                                   "(intra-host providers such as shm need FABRIC_GPU_MEMORY=1)"
                                                 : "provider lacks FI_HMEM";
-  FAB_INFO(FAB_SUBSYS_INIT, "GPU memory (CUDA%s): %s on %s with transport %s: %s%s%s", DMABUF_OR_NOT,
-           granted ? "yes" : "no", prov, t->name, why, unfit ? ": " : "", unfit ? unfit : "");
+  FAB_INFO(FAB_SUBSYS_INIT, "GPU memory (CUDA%s): %s on %s with transport %s [%s]: %s%s%s", DMABUF_OR_NOT,
+           granted ? "yes" : "no", prov, t->name, code, why, unfit ? ": " : "", unfit ? unfit : "");
 }
 
 /* NULL when some entry of list (of provider prov) can run transport t, else

@@ -65,7 +65,7 @@ static fab_result engine_up(void) {
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
            "engine up: %d devices on %s, CUDA %s; one-sided calls (RMA, GIN proxy, Neuron iwrite/iread): %s%s",
            fab_g.nphys, fab_device_provider(d0), fab_g.cuda_ok ? "usable" : "not usable",
-           onesided ? "yes" : "no: they need the rdma transport, and this device runs sendrecv",
+           onesided ? "yes" : "no [needs_rdma_transport]: they need the rdma transport, and this device runs sendrecv",
            onesided && d0->cq_narrow ? ", in the 4-byte CQ data format" : "");
   return FAB_OK;
 }

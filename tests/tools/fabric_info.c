@@ -94,12 +94,36 @@ static void print_text(const info_report* r, int failed) {
     printf("problem: the plugin did not report a device through every table; the WARN lines above say why\n");
 }
 
-static void json_value(const char* s) {
+/* Bytes of the well-formed UTF-8 sequence at s (1 to 4), or 0 when it is not one. */
+static int utf8_len(const unsigned char* s) {
+  int n = s[0] < 0x80 ? 1 : (s[0] & 0xe0) == 0xc0 ? 2 : (s[0] & 0xf0) == 0xe0 ? 3 : (s[0] & 0xf8) == 0xf0 ? 4 : 0;
+  if (n == 0 || (n == 2 && s[0] < 0xc2) || (n == 4 && s[0] > 0xf4)) return 0;
+  for (int i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  if ((n == 3 && s[0] == 0xe0 && s[1] < 0xa0) || (n == 3 && s[0] == 0xed && s[1] >= 0xa0) ||
+      (n == 4 && s[0] == 0xf0 && s[1] < 0x90) || (n == 4 && s[0] == 0xf4 && s[1] >= 0x90))
+    return 0; /* overlong, a surrogate, or past U+10FFFF */
+  return n;
+}
+
+/* A JSON string: quotes, backslashes and control bytes escaped, and every byte that is not part of
+ * well-formed UTF-8 (a path or an interface name may hold any bytes) written as U+FFFD. */
+static void json_value(const char* text) {
+  const unsigned char* s = (const unsigned char*)text;
   putchar('"');
-  for (const char* c = s; *c; c++) {
-    if (*c == '"' || *c == '\\') printf("\\%c", *c);
-    else if ((unsigned char)*c < 0x20) printf("\\u%04x", *c);
-    else putchar(*c);
+  while (*s) {
+    int n = utf8_len(s);
+    if (n == 0) {
+      fputs("\\ufffd", stdout);
+      s++;
+    } else if (*s == '"' || *s == '\\') {
+      printf("\\%c", *s++);
+    } else if (*s < 0x20 || *s == 0x7f) {
+      printf("\\u%04x", *s++);
+    } else {
+      fwrite(s, 1, (size_t)n, stdout);
+      s += n;
+    }
   }
   putchar('"');
 }
@@ -132,6 +156,45 @@ static void json_devices(const info_version* v) {
   printf("]}");
 }
 
+/* The facts the plugin states in its INFO lines, for the JSON report: each device's provider, domain and
+ * transport ("device N: provider P domain D, transport T, ..."), and yes/no with a reason code in brackets
+ * for GPU memory ("GPU memory (CUDA...): no on P with transport T [code]: why") and one-sided calls
+ * ("...one-sided calls (...): no [code]: why"). */
+static void json_facts(const info_report* r) {
+  printf("\"devices\": [");
+  int n = 0;
+  for (int i = 0; i < r->nlog; i++) {
+    const char* at = strstr(r->log[i], "device ");
+    int idx;
+    char prov[64], dom[128], tp[32];
+    if (!at || !strstr(at, ": provider ") ||
+        sscanf(at, "device %d: provider %63s domain %127[^,], transport %31[^,]", &idx, prov, dom, tp) != 4)
+      continue;
+    printf("%s{\"index\": %d, ", n++ ? ", " : "", idx);
+    json_str("provider", prov, 1);
+    json_str("domain", dom, 1);
+    json_str("transport", tp, 0);
+    printf("}");
+  }
+  printf("], ");
+  const char* keys[2] = {"gpuMemory", "oneSided"};
+  const char* marks[2] = {"GPU memory (CUDA", "one-sided calls ("};
+  for (int k = 0; k < 2; k++) {
+    const char* line = NULL;
+    for (int i = 0; i < r->nlog && !line; i++)
+      if (strstr(r->log[i], marks[k])) line = r->log[i];
+    const char* answer = line ? strstr(strstr(line, marks[k]), "): ") : NULL;
+    char code[48] = "";
+    int yes = answer && strncmp(answer + 3, "yes", 3) == 0;
+    const char* open = answer ? strchr(answer, '[') : NULL;
+    if (open) sscanf(open, "[%47[a-z_]]", code);
+    printf("\"%s\": {\"available\": %s, ", keys[k], yes ? "true" : "false");
+    json_str("code", line ? code : "not_reported", 1);
+    json_str("detail", line ? line : "", 0);
+    printf("}, ");
+  }
+}
+
 static void json_list(const char* key, const char (*items)[64], int n) {
   printf("\"%s\": [", key);
   for (int i = 0; i < n; i++) printf("%s", i ? ", " : ""), json_value(items[i]);
@@ -140,7 +203,7 @@ static void json_list(const char* key, const char (*items)[64], int n) {
 
 static void print_json(const info_report* r, int failed) {
   printf("{");
-  printf("\"schema\": 2, "); /* 2: versions, unknownSettings, ncclWouldNotUse */
+  printf("\"schema\": 3, "); /* 2: versions, unknownSettings, ncclWouldNotUse; 3: devices, oneSided, gpuMemory {} */
   json_str("fabric_info_version", FAB_VERSION " (commit " FAB_COMMIT ")", 1);
   json_str("libfabric", r->fi_version, 1);
   json_list("providers", r->providers, r->nproviders);
@@ -166,7 +229,7 @@ static void print_json(const info_report* r, int failed) {
   printf("], \"versions\": [");
   for (int i = 0; i < r->nversions; i++) printf("%s", i ? ", " : ""), json_devices(&r->versions[i]);
   printf("], ");
-  json_str("gpuMemory", gpu_reason(r), 1);
+  json_facts(r);
   if (r->selftest_ran) {
     printf("\"selftest\": {\"ok\": %s, \"bytes\": %zu, \"seconds\": %.6f, ", r->selftest_ok ? "true" : "false",
            r->selftest_bytes, r->selftest_seconds);
