@@ -20,6 +20,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <getopt.h>
 #include <limits.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -48,7 +49,7 @@ static struct {
   int reps;
   int smoke;
   const char* csv;
-} opt = {"tcp", NULL, 16, 5, 0, NULL};
+} opt = {"tcp", NULL, 17, 5, 0, NULL};
 
 static int rank, ctl;
 static size_t win_bytes = (size_t)64 << 20;
@@ -519,22 +520,46 @@ static void rank_main(void) {
   raw_close(&modes[M_RAW]);
 }
 
+static int usage(const char* argv0, FILE* to, int status) {
+  fprintf(to, "usage: %s [--provider tcp|shm] [--api 13..17] [--reps N] [--smoke] [--csv FILE] [PLUGIN.so]\n"
+          "  One-sided puts with signals through the plugin's RMA table against raw libfabric RMA, side by side.\n",
+          argv0);
+  return status;
+}
+
+/* An integer option in [lo, hi], or exit 2 naming it. */
+static int int_arg(const char* argv0, const char* name, const char* text, int lo, int hi) {
+  char* end = NULL;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || end == text || *end || v < lo || v > hi) {
+    fprintf(stderr, "%s: --%s wants a number in %d..%d, not '%s'\n", argv0, name, lo, hi, text);
+    exit(2);
+  }
+  return (int)v;
+}
+
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--provider") && i + 1 < argc) opt.provider = argv[++i];
-    else if (!strcmp(argv[i], "--api") && i + 1 < argc) opt.api = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc) opt.reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--csv") && i + 1 < argc) opt.csv = argv[++i];
-    else if (!strcmp(argv[i], "--smoke")) opt.smoke = 1;
-    else if (argv[i][0] != '-') opt.plugin = argv[i];
-    else {
-      fprintf(stderr, "usage: %s [--provider tcp|shm] [--api 13..17] [--reps N] [--smoke] [--csv FILE] PLUGIN.so\n",
-              argv[0]);
-      return 2;
+  enum { O_PROVIDER = 256, O_API, O_REPS, O_CSV, O_SMOKE, O_HELP };
+  static const struct option lo[] = {{"provider", 1, 0, O_PROVIDER}, {"api", 1, 0, O_API}, {"reps", 1, 0, O_REPS},
+                                     {"csv", 1, 0, O_CSV}, {"smoke", 0, 0, O_SMOKE}, {"help", 0, 0, O_HELP},
+                                     {0, 0, 0, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    switch (c) {
+      case O_PROVIDER: opt.provider = optarg; break;
+      case O_API: opt.api = int_arg(argv[0], "api", optarg, 13, 99); break;
+      case O_REPS: opt.reps = int_arg(argv[0], "reps", optarg, 1, MAX_REPS / 2); break;
+      case O_CSV: opt.csv = optarg; break;
+      case O_SMOKE: opt.smoke = 1; break;
+      case 'h':
+      case O_HELP: return usage(argv[0], stdout, 0);
+      default: return usage(argv[0], stderr, 2);
     }
   }
+  if (optind < argc) opt.plugin = argv[optind++];
+  if (optind < argc) return usage(argv[0], stderr, 2);
   if (!opt.plugin) opt.plugin = RMABENCH_PLUGIN;
-  if (opt.reps < 1 || opt.reps > MAX_REPS / 2) opt.reps = 5;
   if (opt.smoke) {
     opt.reps = 2;
     win_bytes = (size_t)40 << 20;
