@@ -50,9 +50,11 @@ deb() {
     echo "SKIPPED: tests/package/deb.sh installs the package with dpkg -i and needs root"
     return 0
   fi
-  bash "$top/tests/package/deb.sh" "$top/build-deb"
+  # build trees of their own: the README's build-deb may be a Makefile tree, these are Ninja ones
+  bash "$top/tests/package/deb.sh" "$top/build-package-check" &&
+    bash "$top/tests/package/install.sh" "$top/build-install-check"
 }
-stage "Debian package: build, install, load by bare name, self-test, remove" deb
+stage "packages: the Debian package and cmake --install, each loaded by bare name, then removed" deb
 
 lf2() { built "$top/build" && bash "$top/tests/libfabric2.sh"; }
 stage "libfabric 2.x: the plugin on a 2.x runtime, and built against it (FABRIC_LIBFABRIC2)" lf2

@@ -6,7 +6,7 @@
 # removes it again. Needs root (dpkg -i). usage: tests/package/deb.sh [BUILD_DIR]
 set -euo pipefail
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-out=${1:-$top/build-deb}
+out=${1:-$top/build-package-check}
 pkg=libnccl-net-fabric
 fail() { echo "deb.sh: FAILED: $*" >&2; exit 1; }
 
