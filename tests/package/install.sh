@@ -24,7 +24,7 @@ grep -q "^plugin libnccl-net-fabric.so ($prefix/lib/libnccl-net-fabric.so)" "$ou
 echo "installed: found by its bare name in $prefix/lib"
 
 doc=$prefix/share/doc/libnccl-net-fabric
-links=$(grep -o '](docs/[A-Za-z0-9_.-]*)' "$doc/README.md" | sed 's/^](\(.*\))$/\1/' | sort -u)
+links=$(grep -o '](docs/[A-Za-z0-9_./-]*)' "$doc/README.md" | sed 's/^](\(.*\))$/\1/' | sort -u)
 [[ -n $links ]] || fail "the installed README links no docs (was it installed?)"
 for l in $links; do [[ -f $doc/$l ]] || fail "the installed README links $l, which the install does not ship"; done
 echo "installed README: its $(wc -w <<<"$links") links to docs/ resolve"
