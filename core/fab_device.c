@@ -12,7 +12,7 @@
  * 1.17's shm HMEM path lets one large send whose receive is not posted yet
  * stall every other send of the endpoint (two channels of a NCCL broadcast
  * then deadlock; seen on two H200s); 2.x's shm HMEM entry has no inject and
- * slows host memory (docs/performance.md §4).
+ * slows host memory (docs/results/performance-history.md §4).
  */
 #include <errno.h>
 #include <limits.h>

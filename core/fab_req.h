@@ -65,7 +65,7 @@ fab_result fab_req_test(fab_req* r, int* done, int* sizes);
  * (fab_comm.helped); failures and the peer's liveness are checked either
  * way. For the requests a comm over rails makes of its own (split messages,
  * grouped receives over rails); the runtime's own tests keep polling, which
- * measured better for them (docs/performance.md §5.3). */
+ * measured better for them (docs/results/performance-history.md §5.3). */
 fab_result fab_req_test_helped(fab_req* r, int* done, int* sizes);
 
 /* Liveness: a transport's progress calls this while a request of c stays

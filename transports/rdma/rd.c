@@ -183,7 +183,7 @@ const fab_transport_ops fab_rdma_ops = {
             .reg_host = 1,
         },
     /* shm: 8-byte latency 1.7x sendrecv's, message rate 0.76x, bidirectional bandwidth 0.85x
-     * (docs/performance.md §2.5): two shm messages per NCCL message */
+     * (docs/results/performance-history.md §2.5): two shm messages per NCCL message */
     .auto_avoid = "shm",
     .send_reqs = RD_SEND_REQS,
     .recv_reqs = RD_RECV_REQS,
