@@ -45,8 +45,6 @@ fab_result fab_rails_reg_mr(void* comm, void* data, size_t size, int type, uint6
                             const char* fn);
 fab_result fab_rails_dereg_mr(void* mhandle);
 
-#endif /* FAB_RAILS_H */
-
 /* --- internals of fab_rails.c and fab_rails_data.c ------------------------ */
 #include "fab_engine.h"
 #include "fab_tagmap.h"
@@ -242,3 +240,5 @@ fab_result fab_stripe_pump(fab_rails_comm* rc);
 int fab_stripe_recv_test(fab_rails_comm* rc, fab_stripe_recv* sr, int got, int* size, fab_result* res);
 /* The comm closes (its rails are closed): registrations and memory. */
 void fab_stripe_free(fab_rails_comm* rc);
+
+#endif /* FAB_RAILS_H */
