@@ -205,7 +205,7 @@ static fab_result connect_args(void** handles, int nranks, int rank, void* liste
     FAB_WARN("connect: %p is not a live listen comm; pass the one listen() returned on this rank", listen_comm);
     return FAB_ERR_INTERNAL;
   }
-  if ((*l)->ep->dev->ops != &fab_rdma_ops) {
+  if (!(*l)->ep->dev->ops->onesided_data) {
     FAB_WARN("connect: device %s runs the %s transport; one-sided operations need the rdma transport "
              "(FABRIC_TRANSPORT=rdma, or auto on a provider where it is preferred)", (*l)->dev->name,
              (*l)->ep->dev->ops->name);

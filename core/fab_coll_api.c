@@ -15,7 +15,7 @@ fab_result fab_rma_init(fab_ctx** ctx, uint64_t comm_id, fab_logger_fn logger) {
   fab_result rc = fab_init(ctx, comm_id, NULL, logger, NULL);
   if (rc != FAB_OK) return rc;
   fab_device* d = fab_g.devs[0];
-  if (d->ops != &fab_rdma_ops) {
+  if (!d->ops->onesided_data) {
     /* NCCL 2.30+ calls this at every communicator's creation, whether the
      * application uses NCCL's RMA API or not: a refusal here is an answer,
      * not a fault (a WARN in every user's log on shm, where auto picks

@@ -9,7 +9,7 @@
 #include "fab_coll.h"
 #include "fab_devcopy.h"
 #include "fab_req.h"
-#include "rdma/rd_proto.h"
+#include "fab_transport.h"
 
 enum { REQ_MAGIC = 0x52524551 };
 
@@ -181,7 +181,7 @@ static int ring_room(fab_coll_peer* p, uint32_t seq) {
 static fab_result post_sig(fab_coll_req* r) {
   fab_coll_peer* p = r->peer;
   uint32_t slot = r->sig.seq % FAB_COLL_RING;
-  uint64_t data = rd_cq_data(p->sc, RD_DATA, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_SIGNAL, slot));
+  uint64_t data = p->sc->ops->onesided_data(p->sc, fab_coll_cq_low(FAB_COLL_SIGNAL, slot));
   int64_t deadline = 0;
   ssize_t rc;
   do rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &r->sig, sizeof(r->sig), &p->ring,
@@ -203,7 +203,7 @@ void fab_coll_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_e
 static fab_result post_ack(fab_coll* g, fab_coll_peer* p, unsigned kind, uint64_t value) {
   atomic_store_explicit(&p->ack_inflight, 1, memory_order_relaxed);
   p->ack_word = value;
-  uint64_t data = rd_cq_data(p->sc, RD_DATA, RD_ONESIDED_SLOT, fab_coll_cq_low(kind, (uint32_t)value));
+  uint64_t data = p->sc->ops->onesided_data(p->sc, fab_coll_cq_low(kind, (uint32_t)value));
   ssize_t rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &p->ack_word, sizeof(p->ack_word), &p->ring,
                                         FAB_COLL_RING * sizeof(fab_coll_sig), data, &p->ack_op);
   if (rc == 0) return FAB_OK;
@@ -536,8 +536,7 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
       return not_posted(r, 0, -FI_ETIMEDOUT, sw ? "iputSignal" : "iput");
     }
     int64_t deadline = 0;
-    uint64_t data = rd_cq_data(p->sc, RD_DATA, RD_ONESIDED_SLOT,
-                               fab_coll_cq_low(FAB_COLL_PUT, (uint32_t)p->puts_posted));
+    uint64_t data = p->sc->ops->onesided_data(p->sc, fab_coll_cq_low(FAB_COLL_PUT, (uint32_t)p->puts_posted));
     deadline = 0;
     ssize_t rc;
     do rc = fab_rma_writedata(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,

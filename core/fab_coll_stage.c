@@ -16,7 +16,7 @@
 
 #include "fab_coll.h"
 #include "fab_devcopy.h"
-#include "rdma/rd_proto.h"
+#include "fab_transport.h"
 
 static size_t slot_bytes(void) { return (size_t)fab_g.params.rma_stage_bytes; }
 static uint32_t slots(void) { return (uint32_t)fab_g.params.rma_stage_slots; }
@@ -114,7 +114,7 @@ static int copy_out(fab_coll_req* r, char* buf, size_t n, const char** what) {
 static ssize_t post_chunk(fab_coll_peer* p, fab_coll_req* r, fab_coll_txslot* s, char* buf, size_t n) {
   fab_comm* sc = p->sc;
   if (!r->st_ring) {
-    uint64_t data = rd_cq_data(sc, RD_DATA, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_PUT, (uint32_t)r->st_put));
+    uint64_t data = sc->ops->onesided_data(sc, fab_coll_cq_low(FAB_COLL_PUT, (uint32_t)r->st_put));
     return fab_rma_writedata(sc->ep, sc->peer, buf, n, p->tx_reg.desc, &r->st_dst->remote[p->rank], r->st_dst_off,
                              data, &s->op);
   }
@@ -125,7 +125,7 @@ static ssize_t post_chunk(fab_coll_peer* p, fab_coll_req* r, fab_coll_txslot* s,
                         .window = r->st_get ? FAB_COLL_GET_REPLY : r->st_dst->id, .seq = seq, .token = p->coll->token,
                         .get = r->st_get ? r->st_get_id : 0};
   c->check = fab_coll_chunk_check(c);
-  uint64_t data = rd_cq_data(sc, RD_DATA, RD_ONESIDED_SLOT, fab_coll_cq_low(FAB_COLL_STAGED, slot));
+  uint64_t data = sc->ops->onesided_data(sc, fab_coll_cq_low(FAB_COLL_STAGED, slot));
   /* counted first: the peer may copy it out and acknowledge it before the post returns */
   atomic_store_explicit(&p->chunk_seq, seq + 1, memory_order_release);
   ssize_t rc = fab_rma_writedata(sc->ep, sc->peer, buf, sizeof(*c) + n, p->tx_reg.desc, &p->stage,

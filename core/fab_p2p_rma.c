@@ -30,7 +30,7 @@
 
 static fab_device* carrier_of(fab_device* d) { return d->physical ? d : fab_g.devs[d->carrier]; }
 
-static int rma_capable(const fab_device* d) { return d->ops && d->ops->id == FAB_TRANSPORT_RDMA; }
+static int rma_capable(const fab_device* d) { return d->ops && d->ops->onesided_data; }
 
 fab_result fab_p2p_get_properties(int dev, fab_properties* props) {
   fab_result rc = fab_get_properties(dev, props);

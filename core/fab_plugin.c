@@ -61,7 +61,7 @@ static fab_result engine_up(void) {
              "(they write *.btr files and call exit()); see core/fab_signals.c");
   fab_g.up = 1;
   const fab_device* d0 = fab_g.devs[0];
-  int onesided = d0->ops->id == FAB_TRANSPORT_RDMA;
+  int onesided = d0->ops->onesided_data != NULL;
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
            "engine up: %d devices on %s, CUDA %s; one-sided calls (RMA, GIN proxy, Neuron iwrite/iread): %s%s",
            fab_g.nphys, fab_device_provider(d0), fab_g.cuda_ok ? "usable" : "not usable",

@@ -92,8 +92,13 @@ struct fab_transport_ops {
    * ep lock held. Optional: none. */
   uint32_t (*unposted)(fab_comm* c);
   /* A completion with remote CQ data and no operation of ours (a peer's
-   * fi_writedata landed). Data path: called without the lock. Optional. */
+   * fi_writedata landed). Optional. */
   void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);
+  /* One-sided writes over a connection (NCCL's RMA groups): the remote CQ
+   * data under which a write from send comm c reaches the `onesided` hook of
+   * c's peer recv comm with `low` (a kind and a value, fab_coll_cq_low).
+   * NULL: the transport carries no one-sided writes. */
+  uint64_t (*onesided_data)(const fab_comm* c, uint32_t low);
 };
 
 /* Candidate transports in order of preference, as FABRIC_TRANSPORT allows.

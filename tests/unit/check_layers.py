@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The engine's floors, checked: every call between files of core/ and
-transports/ goes to the same floor or a lower one, and no files call each
-other in a circle (docs/architecture.md, "Floors").
+transports/ goes to the same floor or a lower one, no files call each
+other in a circle, and no core file includes a transport's own header
+(docs/architecture.md, "Floors").
 
 A call is a use of a function defined in another file: named with "(" after
 it, or passed as a pointer. Functions reached only through a struct of
@@ -123,6 +124,11 @@ def main():
         if n not in state:
             visit(n)
     bad += ["call circle: " + " -> ".join(c) for c in circles]
+    # the core reaches a transport only through fab_transport.h's ops, never its private headers
+    for p in texts:
+        if p.parent.name == "core":
+            for m in re.finditer(r'^\s*#\s*include\s+"((?:rdma|sendrecv)/[^"]+)"', p.read_text(), re.M):
+                bad.append(f"{p.name} includes {m.group(1)}: a transport's own header (go through fab_transport.h)")
     if bad:
         print("\n".join(bad))
         return 1

@@ -165,6 +165,11 @@ static void rd_cancel(fab_comm* c) {
   else rd_recv_cancel(c);
 }
 
+/* Writes into a one-sided group's windows name the peer's recv comm and the one-sided slot. */
+static uint64_t rd_onesided_data(const fab_comm* c, uint32_t low) {
+  return rd_cq_data(c, RD_DATA, RD_ONESIDED_SLOT, low);
+}
+
 /* Sends waiting for their buffer's announcement have read nothing yet. */
 static uint32_t rd_unposted(fab_comm* c) { return c->kind == FAB_OBJ_SEND ? rd_s(c)->nwait : 0; }
 
@@ -206,4 +211,5 @@ const fab_transport_ops fab_rdma_ops = {
     .cancel = rd_cancel,
     .unposted = rd_unposted,
     .remote_data = rd_remote_data,
+    .onesided_data = rd_onesided_data,
 };
