@@ -92,7 +92,7 @@ struct fab_transport_ops {
    * ep lock held. Optional: none. */
   uint32_t (*unposted)(fab_comm* c);
   /* A completion with remote CQ data and no operation of ours (a peer's
-   * fi_writedata landed). Optional. */
+   * fi_writedata landed). Runs with the endpoint lock held. Optional. */
   void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);
   /* One-sided writes over a connection (NCCL's RMA groups): the remote CQ
    * data under which a write from send comm c reaches the `onesided` hook of
