@@ -126,7 +126,7 @@ def against_upstream(args):
         print(f"difference: {d}", file=sys.stderr)
     checked = len(headers.structs)
     print(f"{len(diffs)} difference(s) between {_label(args.spec_dir)} and {root} ({checked} upstream structs read, "
-          f"{len(notes)} described types not found there)")
+          f"{len(notes)} notes)")
     return 1 if diffs else 0
 
 

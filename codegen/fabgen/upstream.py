@@ -138,6 +138,10 @@ class Headers:
         n = self.length(member.length)
         return (one[0] * n, one[1]) if n is not None else None
 
+    def struct_layout(self, s):
+        """(size, align) of an upstream struct or union, or None where a member's type is unknown."""
+        return self.layout(Member(s.name, s.kind, s.line, children=s.members))
+
     def _type_layout(self, name, seen):
         prim = ctypes.PRIMITIVES.get(name)
         if prim:
@@ -153,7 +157,7 @@ class Headers:
         s = self.structs.get(name)
         if s is None or name in seen:
             return None
-        return self.layout(Member(name, s.kind, s.line, children=s.members), seen + (name,))
+        return self.layout(Member(name, s.kind, s.line, children=s.members), seen + (name,))  # seen: no cycles
 
 
 def _line(text, pos):
@@ -513,7 +517,7 @@ def _check_partial_rest(inst, up, headers, where, shared):
     next field stands for an upstream nested aggregate (an anonymous union), its size and the members
     both name (the union's netPlugin), field by field."""
     diffs, label, key = [], inst.family.file, inst.family.key
-    whole = headers.layout(Member(up.name, up.kind, up.line, children=up.members))
+    whole = headers.struct_layout(up)
     if whole is not None and whole[0] != inst.size:
         diffs.append(f"{label}:{where.field(label, key, inst.fields[0][1])}: {inst.c_name} is {inst.size} bytes "
                      f"here; upstream {_up(headers, up)} is {whole[0]}")
@@ -555,7 +559,7 @@ def _check_union(inst, up, headers, where):
     line = where.field(label, key, inst.fields[0][1])
     _NAME_NOTES.append(f"{label}:{line}: {inst.c_name}: a union compared by size and by the members named alike")
     diffs = []
-    whole = headers.layout(Member(up.name, up.kind, up.line, children=up.members))
+    whole = headers.struct_layout(up)
     if up.kind != "union":
         diffs.append(f"{label}:{line}: {inst.c_name} is a union here; upstream {_up(headers, up)} declares a "
                      f"{up.kind}")
@@ -691,7 +695,7 @@ def _draft_stand_in(headers, up, name, prev, inst, version, base_v):
     """A struct or union the spec describes in part (inst.family.partial or .union): compared by the leading
     fields, the members both sides name, and sizes; upstream's anonymous aggregate stands where ours
     has a named one."""
-    whole = headers.layout(Member(up.name, up.kind, up.line, children=up.members))
+    whole = headers.struct_layout(up)
     notes = []
     for i, (_, n, t) in enumerate(inst.fields):
         m = next((c for c in up.members if c.name == n), None)
@@ -748,16 +752,13 @@ def _draft_struct(spec, headers, up, name, prev, inst, version, base_v):
 def _layout_line(headers, up, name, version, our_names=None):
     """The layout record a struct's spec needs, computed from the header (LP64). our_names: the spec's
     field names, where an anonymous member stands at the same place as a named one of ours."""
-    offsets, offset, align = [], 0, 1
+    rows = []
     for i, f in enumerate(up.members):
         one = headers.layout(f)
         if one is None:
             return f"struct {name}: layout \"{version}\": a member's size is unknown here; compute it by hand"
-        offset = 0 if up.kind == "union" else ctypes.align_up(offset, one[1])
         label = f.name or (our_names[i] if our_names and i < len(our_names) else f"<anonymous {f.type}>")
-        offsets.append(f"{label} = {offset}")
-        offset = max(offset, one[0]) if up.kind == "union" else offset + one[0]
-        align = max(align, one[1])
-    size = ctypes.align_up(offset, align)
+        rows.append((label, one[0], one[1]))
+    size, align, offsets = (ctypes.union_layout if up.kind == "union" else ctypes.struct_layout)(rows)
     return (f"struct {name}: layout \"{version}\" = {{ size = {size}, align = {align}, offsets = "
-            f"{{ {', '.join(offsets)} }} }}")
+            f"{{ {', '.join(f'{k} = {v}' for k, v in offsets.items())} }} }}")

@@ -226,6 +226,17 @@ class Import(unittest.TestCase):
         self.assertNotIn("ncclProfilerEventState_v90_t", out, "an enum's per-version name is no struct to draft")
         self.assertNotIn("changes type", out, "the enum under its per-version name is the same type")
 
+    def test_a_changed_union_gets_its_layout(self):
+        with TempDir() as tmp:
+            headers = copy_fixture(tmp)
+            edit(f"{headers}/profiler/profiler_v90.h", "typedef union {\n  struct {\n    size_t transSize;",
+                 "typedef union {\n  struct {\n    double t[2];\n  } wide;\n  struct {\n    size_t transSize;")
+            rc, out, err = run_generator("--import", headers, "--family", "profiler", "--version", "90")
+            self.assertEqual(rc, 0, err)
+            self.assertIn("struct ncclProfilerEventStateArgs_v90_t: 16 bytes (v7: 8)", out)
+            self.assertIn('struct ncclProfilerEventStateArgs_v90_t: layout "90" = { size = 16, align = 8, offsets = { '
+                          'wide = 0, proxyStep = 0, netPlugin = 0 } }', out, "a union's size is its widest member's")
+
     def test_refuses_a_version_already_described(self):
         rc, _, err = run_generator("--import", FIXTURE, "--family", "rma", "--version", "16")
         self.assertEqual(rc, 1)
