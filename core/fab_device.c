@@ -11,8 +11,8 @@
  * carries intra-host GPU traffic itself, so they gain nothing, and libfabric
  * 1.17's shm HMEM path lets one large send whose receive is not posted yet
  * stall every other send of the endpoint (two channels of a NCCL broadcast
- * then deadlock; seen on two H200s); 2.x's shm HMEM entry has no inject and
- * slows host memory (docs/results/performance-history.md §4).
+ * then deadlock; seen on two H200s); 2.x's shm HMEM entry (no inject: small
+ * writes are bounced, core/fab_rma_buf.c) slows host memory (docs/results/performance-history.md §4).
  */
 #include <errno.h>
 #include <limits.h>
@@ -90,7 +90,6 @@ static const char* reject_reason(const struct fi_info* fi, const fab_transport_o
   if (fi->domain_attr->cq_data_size < 8 && t->needs.cq_data_size && !fab_reports_write_len(fi))
     return "4 bytes of remote CQ data, and the provider does not report a remote write's length";
   if (t->needs.mr_key_size && fi->domain_attr->mr_key_size > t->needs.mr_key_size) return "remote keys too long";
-  if (fi->tx_attr->inject_size < t->needs.min_inject) return "inject size too small for the transport";
   if (fi->ep_attr->max_msg_size == 0) return "max_msg_size 0";
   return NULL;
 }
@@ -206,14 +205,15 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   fab_g.nphys = idx + 1;
   atomic_store(&fab_g.ndevs, idx + 1);
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
-           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s%s%s%s, maxP2pBytes %zu, pci %s",
+           "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s%s%s%s, inject %zu%s, "
+           "maxP2pBytes %zu, pci %s",
            idx, prov, d->name, d->ops->name, d->tags.bits, fi->domain_attr->mr_mode,
            d->mr_local && !(fi->domain_attr->mr_mode & FI_MR_LOCAL) ? " (+FI_MR_LOCAL: FABRIC_NIC_PROFILE)" : "",
            d->mr_endpoint_emulated ? " (+FI_MR_ENDPOINT: FABRIC_NIC_PROFILE)" : "",
            d->hmem ? ", FI_HMEM" : "",
            d->cq_narrow ? ", 4 bytes of remote CQ data" : "",
-           d->write_flags ? ", writes complete on delivery" : "",
-           d->props.max_p2p_bytes, d->pci_path ? d->pci_path : "(none)");
+           d->write_flags ? ", writes complete on delivery" : "", d->inject_size,
+           d->inject_size ? "" : " (small control writes go from registered bounce slots)", d->props.max_p2p_bytes, d->pci_path ? d->pci_path : "(none)");
   return 0;
 }
 

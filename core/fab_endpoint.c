@@ -69,21 +69,30 @@ static uint64_t process_nonce(void) {
   return n;
 }
 
-/* Where GPU memory is in use, the provider is told not to call CUDA itself
- * (EFA's shm path would copy GPU memory with the CUDA runtime from inside
- * progress, which can deadlock against NCCL's kernels; the leading peer
- * plugin asks the same). libfabric 1.18 and later; a provider without the
- * option ignores it. */
+/* Where GPU memory is in use, the provider is told not to call CUDA itself:
+ * a provider that copies GPU memory with the CUDA runtime (cudaMemcpy, on the
+ * legacy stream) from inside our calls blocks NCCL's proxy thread behind GPU
+ * work that waits for that thread. Seen inside NCCL 2.30.7 with libfabric
+ * 2.x's shm, which refuses the option ("our CUDA support relies on the
+ * ability to call CUDA API"): a put from a GPU window hung in cudaMemcpy
+ * (docs/results/gpu-h100x2-2026-11-26-direct-shm.txt). The leading peer
+ * plugin asks the same. A provider that does not take the option (refused,
+ * unknown, or libfabric before 1.18, which lacks it) is marked calls_cuda: the
+ * one-sided engine then stages GPU windows instead of handing them to it. */
 static void forbid_cuda_calls(fab_endpoint* ep) {
-#if FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 18))
   if (!ep->dev->hmem || !fab_g.cuda_ok) return;
+#if FI_VERSION_GE(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 18))
   bool permitted = false;
   int rc = fi_setopt(&ep->ep->fid, FI_OPT_ENDPOINT, FI_OPT_CUDA_API_PERMITTED, &permitted, sizeof(permitted));
-  if (rc == -FI_ENOPROTOOPT || rc == -FI_ENOSYS) return;
-  FAB_INFO(FAB_SUBSYS_INIT, "%s: FI_OPT_CUDA_API_PERMITTED=false %s%s", ep->dev->name,
-           rc ? "refused: the provider may call CUDA itself: " : "set", rc ? fi_strerror(-rc) : "");
+  if (rc != 0 && !atomic_exchange(&ep->dev->calls_cuda, 1))
+    FAB_INFO(FAB_SUBSYS_INIT, "%s: FI_OPT_CUDA_API_PERMITTED=false refused (%s): the provider may call CUDA itself, "
+             "so one-sided GPU windows are staged through host memory", ep->dev->name, fi_strerror(-rc));
+  else if (rc == 0)
+    FAB_INFO(FAB_SUBSYS_INIT, "%s: FI_OPT_CUDA_API_PERMITTED=false set", ep->dev->name);
 #else
-  (void)ep; /* built against libfabric 1.17: the option does not exist there */
+  if (!atomic_exchange(&ep->dev->calls_cuda, 1)) /* the option does not exist before libfabric 1.18 */
+    FAB_INFO(FAB_SUBSYS_INIT, "%s: built against libfabric before 1.18, which cannot forbid the provider CUDA calls: "
+             "one-sided GPU windows are staged through host memory", ep->dev->name);
 #endif
 }
 
@@ -232,6 +241,7 @@ void fab_endpoint_destroy(fab_endpoint* ep) {
   ep->ep = NULL;
   if (ep->hooks) ep->hooks->teardown(ep);
   fab_rma_retired_free(ep, 1); /* nothing can write into them any more */
+  fab_rma_bounce_free(ep);
   if (ep->cq) fi_close(&ep->cq->fid);
   if (ep->av) fi_close(&ep->av->fid);
   free(ep->av_cache);

@@ -54,6 +54,7 @@ typedef struct fab_mr_cache fab_mr_cache;
 typedef struct fab_endpoint fab_endpoint;
 typedef struct fab_comm fab_comm;
 typedef struct fab_req fab_req;
+typedef struct fab_bounce_pool fab_bounce_pool;
 
 /* --- operations and parked objects ---------------------------------------- */
 
@@ -129,10 +130,13 @@ typedef struct fab_device {
   int mr_hmem;           /* FI_MR_HMEM: device memory needs registration */
   int prov_key;          /* FI_MR_PROV_KEY granted */
   int hmem;              /* FI_HMEM granted */
+  _Atomic int calls_cuda; /* an endpoint's provider did not take FI_OPT_CUDA_API_PERMITTED=false: it may call
+                           * the CUDA runtime from inside our calls (fab_endpoint.c), so one-sided GPU windows
+                           * are staged, not handed to it */
   int virt_addr;         /* FI_MR_VIRT_ADDR: peers address registered memory by virtual address */
   uint64_t mr_access;    /* access flags of every registration: what the transport needs */
   int reg_host;          /* host memory is registered (FI_MR_LOCAL, or remote access needed) */
-  size_t inject_size;    /* largest fi_inject / fi_inject_write */
+  size_t inject_size;    /* largest fi_inject / fi_inject_write; 0: none (fab_dev_injects) */
   int cq_narrow;         /* the provider carries 4 bytes of remote CQ data, not 8 (EFA, verbs) */
   int local_only;        /* no FI_REMOTE_COMM: a further send comm to a peer gets its own endpoint */
   int ordered_writes;    /* FI_ORDER_WAW asked and granted: RMA writes to a peer are placed in order */
@@ -213,6 +217,7 @@ struct fab_endpoint {
   fab_list comms;    /* live send and recv comms */
   fab_list parked;
   fab_list retired;  /* buffers peers may still write into (fab_rma_buf_retire) */
+  _Atomic(fab_bounce_pool*) bounce; /* slots for small writes the provider cannot inject (fab_rma_bounce.c) */
   uint32_t next_conn_id;
   int conn_wrapped;
   uint32_t next_connector_id;
@@ -373,6 +378,12 @@ extern fab_engine fab_g;
 /* fab_signals.c: puts handlers a PSM library installed (they write *.btr
  * files and call exit()) back to the default action; returns how many. */
 int fab_signals_reset_psm(void);
+
+/* 1 when the provider takes a write of len bytes inline (fi_inject*): its
+ * inject size is not 0 and len fits. */
+static inline int fab_dev_injects(const fab_device* d, size_t len) {
+  return d->inject_size > 0 && len <= d->inject_size;
+}
 
 /* The device's provider name (virtual devices: their carrier's). */
 static inline const char* fab_device_provider(const fab_device* d) {

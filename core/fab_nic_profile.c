@@ -17,9 +17,11 @@ typedef struct nic_profile {
   int mr_local;           /* FI_MR_LOCAL: the engine registers every buffer and passes descriptors */
   int mr_endpoint;        /* FI_MR_ENDPOINT: the engine keeps registrations per endpoint, and checks their use */
   uint64_t msg_order;     /* the ordering bits it can grant (tx and rx) */
-  size_t inject_max;      /* its inject size, where smaller than the carrier's (0: the carrier's) */
+  size_t inject_max;      /* its inject size, where smaller than the carrier's (INJECT_CARRIER: the carrier's) */
   size_t mr_key_size;     /* bytes of a remote key */
 } nic_profile;
+
+#define INJECT_CARRIER SIZE_MAX
 
 /* From libfabric's sources (ofiwg/libfabric, prov/efa/src/efa_prov_info.c and efa_cq.h, prov/verbs/src/
  * verbs_info.c). FI_MR_LOCAL is the engine's to honour (every buffer registered, descriptors passed); the carrier
@@ -31,13 +33,17 @@ static const nic_profile profiles[] = {
     /* EFA_CQ_DATA_SIZE (4); the RDM entry's mr_mode has FI_MR_LOCAL; its msg_order is FI_ORDER_SAS and atomic
      * orderings only (no write-after-write); inject: SHM_MAX_INJECT_SIZE (4096) where shm transfer is on;
      * mr_key_size: an ibv_sge lkey (4 bytes) */
-    {"efa", 4, 1, 0, FI_ORDER_SAS, 4096, 4},
+    {.name = "efa", .cq_data_size = 4, .mr_local = 1, .msg_order = FI_ORDER_SAS, .inject_max = 4096, .mr_key_size = 4},
     /* cq_data_size: ibv_send_wr's imm_data (4 bytes); FI_MR_LOCAL; VERBS_MSG_ORDER keeps RMA write ordering
      * (RC queue pairs), so the carrier's stays; mr_key_size: an ibv_sge lkey */
-    {"verbs", 4, 1, 0, ~(uint64_t)0, 0, 4},
+    {.name = "verbs", .cq_data_size = 4, .mr_local = 1, .msg_order = ~(uint64_t)0, .inject_max = INJECT_CARRIER,
+     .mr_key_size = 4},
     /* prov/cxi/src/cxip_info.c: every entry's mr_mode has FI_MR_ENDPOINT (with FI_MR_PROV_KEY and FI_MR_ALLOCATED,
      * left to the carrier); cq_data_size CXIP_REMOTE_CQ_DATA_SZ (8) */
-    {"cxi", 8, 0, 1, ~(uint64_t)0, 0, 0},
+    {.name = "cxi", .cq_data_size = 8, .mr_endpoint = 1, .msg_order = ~(uint64_t)0, .inject_max = INJECT_CARRIER},
+    /* libfabric 2.x's shm entry for GPU memory (prov/shm/src/smr_attr.c, smr_hmem_tx_attr): inject_size 0, the
+     * entry the direct GPU path runs on within one host; cq_data_size 8 (smr_cmd_hdr's cq_data) */
+    {.name = "shm-gpu", .cq_data_size = 8, .msg_order = ~(uint64_t)0, .inject_max = 0},
 };
 
 /* The profile FABRIC_NIC_PROFILE names (params.toml lists the names: any
@@ -54,7 +60,7 @@ static void narrow(struct fi_info* fi, const nic_profile* p) {
   if (p->mr_key_size && fi->domain_attr->mr_key_size > p->mr_key_size) fi->domain_attr->mr_key_size = p->mr_key_size;
   fi->tx_attr->msg_order &= p->msg_order;
   fi->rx_attr->msg_order &= p->msg_order;
-  if (p->inject_max && fi->tx_attr->inject_size > p->inject_max) fi->tx_attr->inject_size = p->inject_max;
+  if (fi->tx_attr->inject_size > p->inject_max) fi->tx_attr->inject_size = p->inject_max;
 }
 
 struct fi_info* fab_nic_profile_apply(struct fi_info* list, uint64_t asked_order) {

@@ -41,7 +41,7 @@ fab_result fab_p2p_get_properties(int dev, fab_properties* props) {
   props->rma_supported = rma_capable(d);
   size_t ksize = d->info->domain_attr->mr_key_size;
   props->max_mr_key_size = props->rma_supported ? (ksize && ksize < 8 ? ksize : 8) : 0;
-  props->max_write_inline_size = props->rma_supported ? d->inject_size : 0;
+  props->max_write_inline_size = props->rma_supported ? fab_rma_inline_max(d) : 0;
   return FAB_OK;
 }
 
@@ -353,9 +353,9 @@ fab_result fab_iwrite(void* send_comm, void* src, size_t size, void* src_mhandle
 fab_result fab_iwrite_inline(void* send_comm, void* src, size_t size, uint64_t dest, uint64_t mr_key,
                              void** request) {
   fab_comm* c = fab_obj_get(send_comm, FAB_OBJ_SEND);
-  if (c && rma_capable(c->ep->dev) && size > c->ep->dev->inject_size) {
+  if (c && rma_capable(c->ep->dev) && size > fab_rma_inline_max(c->ep->dev)) {
     FAB_WARN("iwriteInline: %zu bytes is more than max_write_inline_size (%zu); use iwrite", size,
-             c->ep->dev->inject_size);
+             fab_rma_inline_max(c->ep->dev));
     if (request) *request = NULL;
     return FAB_ERR_INVALID_ARG;
   }

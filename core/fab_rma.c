@@ -1,8 +1,6 @@
 /* One-sided operations with the window check in front of every post. */
 #include "fab_rma.h"
 
-#include <stdlib.h>
-
 /* Every write posted as a message goes through here. Above the inject size
  * it takes the device's completion level (dev->write_flags:
  * delivery, where the provider would complete it from a socket buffer, so
@@ -19,7 +17,7 @@ static ssize_t write_msg(fab_endpoint* ep, fi_addr_t peer, const void* buf, size
   struct fi_rma_iov rma = {.addr = w->addr + off, .len = len, .key = w->key};
   struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = peer, .rma_iov = &rma,
                            .rma_iov_count = 1, .context = &op->ctx, .data = data};
-  uint64_t level = len <= ep->dev->inject_size ? FI_INJECT : ep->dev->write_flags;
+  uint64_t level = fab_dev_injects(ep->dev, len) ? FI_INJECT : ep->dev->write_flags;
   return fi_writemsg(ep->ep, &msg, flags | FI_COMPLETION | level);
 }
 
@@ -50,10 +48,23 @@ static ssize_t inject_placed(fab_endpoint* ep, fi_addr_t peer, const void* buf, 
   return 0;
 }
 
+/* Where the provider cannot inject len bytes: the bytes go from a registered
+ * slot of ep's bounce pool, which goes back when the write completes. */
+static ssize_t bounce_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
+                            uint64_t off, const uint64_t* data, fab_op* op) {
+  ssize_t rc = 0;
+  fab_bounce_slot* s = fab_rma_bounce_take(ep, buf, len, op, &rc);
+  if (!s) return rc;
+  rc = data ? fab_rma_writedata(ep, peer, s->bytes, len, s->desc, w, off, *data, &s->op)
+            : fab_rma_write(ep, peer, s->bytes, len, s->desc, w, off, &s->op);
+  if (rc != 0) fab_rma_bounce_give_back(ep, s);
+  return rc;
+}
+
 ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
                                  const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
-  if (FAB_UNLIKELY(len > ep->dev->inject_size)) return -FI_EMSGSIZE;
+  if (FAB_UNLIKELY(!fab_dev_injects(ep->dev, len))) return bounce_write(ep, peer, buf, len, w, off, &data, op);
   if (ep->dev->local_only) return inject_placed(ep, peer, buf, len, w, off, &data, op);
   return write_msg(ep, peer, buf, len, NULL, w, off, data, FI_REMOTE_CQ_DATA, op); /* inline: len fits */
 }
@@ -61,7 +72,7 @@ ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* b
 ssize_t fab_rma_inject_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
                              uint64_t off, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
-  if (FAB_UNLIKELY(len > ep->dev->inject_size)) return -FI_EMSGSIZE;
+  if (FAB_UNLIKELY(!fab_dev_injects(ep->dev, len))) return bounce_write(ep, peer, buf, len, w, off, NULL, op);
   if (ep->dev->local_only) return inject_placed(ep, peer, buf, len, w, off, NULL, op);
   return write_msg(ep, peer, buf, len, NULL, w, off, 0, 0, op); /* inline: len fits */
 }
@@ -78,60 +89,4 @@ ssize_t fab_rma_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, vo
                      uint64_t off, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   return fi_read(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
-}
-
-int fab_rma_buf_reg(fab_endpoint* ep, void* buf, size_t len, uint64_t access, fab_rma_buf* out) {
-  fab_device* dev = ep->dev;
-  fab_domain* dom = dev->dom;
-  uint64_t key = dev->prov_key ? 0 : atomic_fetch_add(&dom->next_key, 1);
-  out->mr = NULL;
-  int rc = fi_mr_reg(dom->domain, buf, len, access, 0, key, 0, &out->mr, NULL);
-  if (rc == 0) rc = fab_ep_bind_mr(ep, out->mr);
-  if (rc != 0) {
-    if (out->mr) fi_close(&out->mr->fid);
-    out->mr = NULL;
-    return rc;
-  }
-  out->desc = fi_mr_desc(out->mr);
-  out->win.addr = dev->virt_addr ? (uint64_t)(uintptr_t)buf : 0;
-  out->win.len = len;
-  out->win.key = fi_mr_key(out->mr);
-  return 0;
-}
-
-void fab_rma_buf_dereg(fab_rma_buf* b) {
-  if (b->mr) fi_close(&b->mr->fid);
-  b->mr = NULL;
-}
-
-typedef struct retired_buf {
-  fab_list node;
-  fab_rma_buf buf;
-  void* mem;
-  int64_t since_ms;
-} retired_buf;
-
-void fab_rma_retired_free(fab_endpoint* ep, int all) {
-  int64_t now = fab_now_ms();
-  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->retired) {
-    retired_buf* r = FAB_CONTAINER_OF(it, retired_buf, node);
-    if (!all && now - r->since_ms < FAB_RETIRE_GRACE_MS) continue;
-    fab_list_del(&r->node);
-    fab_rma_buf_dereg(&r->buf);
-    free(r->mem);
-    free(r);
-  }
-}
-
-void fab_rma_buf_retire(fab_endpoint* ep, fab_rma_buf* b, void* mem) {
-  fab_rma_retired_free(ep, 0); /* the old ones go as new ones come: bounded by closes per grace period */
-  retired_buf* r = malloc(sizeof(*r));
-  if (!r) { /* out of memory: keep the registration and the memory for good rather than risk a late write */
-    FAB_INFO(FAB_SUBSYS_NET, "out of memory retiring a buffer on %s; it stays allocated", ep->dev->name);
-    return;
-  }
-  r->buf = *b;
-  r->mem = mem;
-  r->since_ms = fab_now_ms();
-  fab_list_push(&ep->retired, &r->node);
 }

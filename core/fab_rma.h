@@ -29,14 +29,43 @@ static inline int fab_window_covers(const fab_window* w, uint64_t off, uint64_t 
   return off <= w->len && len <= w->len - off;
 }
 
+/* The bounce pool (fab_rma_buf.c): registered slots for small writes the
+ * provider cannot inject. A taken slot holds a copy of buf; post the write
+ * from bytes with desc and &op as its context: when it completes, the slot
+ * goes back to the pool and the caller's op completes. If the post fails,
+ * give the slot back. take: NULL with *rc -FI_EAGAIN (every slot in flight),
+ * -FI_EMSGSIZE (len > FAB_BOUNCE_BYTES) or a registration failure. Any thread,
+ * with or without ep's lock. */
+enum { FAB_BOUNCE_BYTES = 64 };
+typedef struct fab_bounce_slot {
+  fab_op op;    /* first */
+  fab_op* user; /* the caller's operation */
+  struct fab_bounce_slot* next_free;
+  void* desc;
+  _Alignas(8) uint8_t bytes[FAB_BOUNCE_BYTES];
+} fab_bounce_slot;
+fab_bounce_slot* fab_rma_bounce_take(fab_endpoint* ep, const void* buf, size_t len, fab_op* op, ssize_t* rc);
+void fab_rma_bounce_give_back(fab_endpoint* ep, fab_bounce_slot* s);
+/* Frees ep's bounce pool; the libfabric endpoint is closed already. */
+void fab_rma_bounce_free(fab_endpoint* ep);
+
+/* The most an inline write takes: the provider's inject size, or a bounce
+ * slot where that is smaller. */
+static inline size_t fab_rma_inline_max(const fab_device* d) {
+  return d->inject_size > FAB_BOUNCE_BYTES ? d->inject_size : FAB_BOUNCE_BYTES;
+}
+
 /* Each returns 0, -FI_EAGAIN (retry after progress), -FI_EINVAL (outside
  * the window: nothing was posted) or another negative fi errno. */
 ssize_t fab_rma_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                           const fab_window* w, uint64_t off, uint64_t data, fab_op* op);
 ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                       const fab_window* w, uint64_t off, fab_op* op);
-/* Inline: buf may be reused at once (len <= ep->dev->inject_size), yet op
- * still completes or fails later, so it must outlive the operation. Every
+/* Inline: buf may be reused at once, yet op still completes or fails later,
+ * so it must outlive the operation. Where the provider cannot inject len bytes
+ * (fab_dev_injects), buf is copied into a slot of the endpoint's bounce pool
+ * and written from there; len is at most FAB_BOUNCE_BYTES then, else
+ * -FI_EMSGSIZE, and -FI_EAGAIN while every slot is in flight. Every
  * write we post carries a completion on purpose: libfabric 1.17's tcp reports
  * a failed inline write without a completion (one to a peer that closed its
  * connection) with no operation context, and ofi_rxm dereferences that

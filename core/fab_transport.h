@@ -31,7 +31,6 @@ typedef struct fab_transport_needs {
   uint32_t conn_max_narrow; /* with fewer than 8 bytes of CQ data: the largest connection id it can name, and
                              * it needs the provider to report a remote write's length (0: no such mode) */
   size_t mr_key_size;    /* largest remote key it can carry (0: no remote keys) */
-  size_t min_inject;     /* smallest inject size it can live with */
   int tagged;            /* needs enough tag bits for fab_tag_layout */
   int reg_host;          /* host memory must be registered (remote access) */
 } fab_transport_needs;

@@ -267,11 +267,11 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
   }
 
   if ((s = getenv("FABRIC_NIC_PROFILE")) != NULL) {
-    static const char* const choices[] = {"", "efa", "verbs", "cxi"};
+    static const char* const choices[] = {"", "efa", "verbs", "cxi", "shm-gpu"};
     size_t i = 0;
     while (i < sizeof choices / sizeof choices[0] && strcasecmp(s, choices[i]) != 0) i++;
     if (i == sizeof choices / sizeof choices[0]) {
-      complain(errbuf, errbuf_size, "FABRIC_NIC_PROFILE=%s is not one of (empty), efa, verbs, cxi; using (empty)", s);
+      complain(errbuf, errbuf_size, "FABRIC_NIC_PROFILE=%s is not one of (empty), efa, verbs, cxi, shm-gpu; using (empty)", s);
       bad++;
     } else {
       memcpy(params->nic_profile, choices[i], strlen(choices[i]) + 1);

@@ -20,7 +20,7 @@ import sys
 FLOORS = {
     "helpers": (0, ["fab_util", "fab_log", "fab_objtab", "fab_pool", "fab_wire", "fab_cuda", "fab_params",
                     "fab_tagmap", "fab_devcopy"]),
-    "provider": (1, ["fab_engine", "fab_device", "fab_nic_profile", "fab_iface", "fab_mr", "fab_endpoint", "fab_ep_local", "fab_rma", "fab_req", "fab_peer", "fab_signals",
+    "provider": (1, ["fab_engine", "fab_device", "fab_nic_profile", "fab_iface", "fab_mr", "fab_endpoint", "fab_ep_local", "fab_rma", "fab_rma_buf", "fab_req", "fab_peer", "fab_signals",
                  "fab_prof", "fab_pwin"]),
     "transports": (2, ["fab_transport", "sr", "rd", "rd_send", "rd_recv", "rd_common", "rd_proto", "rd_eager"]),
     "connections": (3, ["fab_conn", "fab_ctx", "fab_conn_ep", "fab_ctrl", "fab_listen", "fab_connect", "fab_comm"]),

@@ -183,7 +183,6 @@ const fab_transport_ops fab_rdma_ops = {
             .cq_data_size = 4,
             .conn_max_narrow = RD_NARROW_ID_MAX,
             .mr_key_size = 8,
-            .min_inject = sizeof(rd_ctrl),
             .tagged = 1,
             .reg_host = 1,
         },

@@ -134,7 +134,7 @@ ssize_t rd_eager_post(fab_comm* c, fab_req* r) {
   uint64_t off = (uint64_t)slot * s->slot_size;
   uint64_t data = rd_cq_data(c, RD_EAGER, (uint32_t)slot, (uint32_t)r->size);
   ssize_t rc;
-  if (total <= c->ep->dev->inject_size) { /* the provider copies it: the slot is free on return */
+  if (fab_dev_injects(c->ep->dev, total)) { /* the provider copies it: the slot is free on return */
     rc = fab_rma_inject_writedata(c->ep, c->peer, st, total, &s->ring, off, data, &q->op);
   } else {
     q->eager_slot = slot;

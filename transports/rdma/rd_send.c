@@ -84,7 +84,7 @@ static ssize_t post(fab_comm* c, fab_req* r) {
   if (FAB_UNLIKELY(r->size > q->target.win.len)) return refuse_truncated(c, r);
   uint64_t data = rd_cq_data(c, RD_DATA, q->target.slot, (uint32_t)r->size);
   ssize_t rc;
-  if (r->size <= c->ep->dev->inject_size) { /* the send is done when the provider says it went */
+  if (fab_dev_injects(c->ep->dev, r->size)) { /* the send is done when the provider says it went */
     rc = fab_rma_inject_writedata(c->ep, c->peer, q->data, r->size, &q->target.win, 0, data, &q->op);
   } else {
     rc = fab_rma_writedata(c->ep, c->peer, q->data, r->size, q->desc, &q->target.win, 0, data, &q->op);
