@@ -267,6 +267,7 @@ struct fab_coll {
   int rx_pinned;
   uint32_t rx_slots, rx_slot_bytes;
   int gpu_direct;        /* a window of ours is GPU memory the provider writes into (flush before signals) */
+  int gpu_path_said;     /* the INFO line naming the GPU windows' path was logged */
   fab_list owned;        /* requests of our own (answers to peers' gets, withdrawals): freed once complete */
   fab_list live;         /* in the process's list of groups (fab_coll_register) */
   _Atomic int op_failed; /* an operation failed (queryLastError), whether or not the group did */

@@ -34,8 +34,9 @@ fab_result fab_rma_get_properties(int dev, fab_properties* props) {
   fab_result rc = fab_get_properties(dev, props);
   if (rc != FAB_OK) return rc;
   props->net_device_type = FAB_NET_DEVICE_GIN_PROXY; /* host operations, driven by NCCL's proxy */
-  /* GPU windows work on every provider: direct where it has FI_HMEM (ptrSupport says so already, with DMABUF
-   * where it applies), else staged through host memory (fab_coll_stage.c) */
+  /* GPU windows work on every provider: direct where it has FI_HMEM and makes no CUDA calls of its own
+   * (ptrSupport says so already, with DMABUF where it applies), else staged through host memory
+   * (fab_coll_stage.c), which takes a dma-buf registration too */
   if (fab_devcopy_ready()) props->ptr_support |= FAB_PTR_CUDA;
   props->net_device_version = 0;
   return FAB_OK;
@@ -263,8 +264,9 @@ static fab_result reg_sym(fab_coll* g, fab_coll_win* w, void* data, size_t size,
 }
 
 /* A window in GPU memory: direct where the device registers GPU memory with
- * the provider (FI_HMEM), else staged through host memory (any provider). */
-static fab_result gpu_window_ok(fab_coll* g, void* data, int fd, int* staged, const char* fn) {
+ * the provider (FI_HMEM) and the provider makes no CUDA calls of its own
+ * (calls_cuda), else staged through host memory (any provider). */
+static fab_result gpu_window_ok(fab_coll* g, void* data, int* staged, const char* fn) {
   if (!fab_devcopy_ready()) {
     FAB_WARN("%s: %p is NCCL_PTR_CUDA memory, but the CUDA driver is not usable in this process (libcuda.so.1 not "
              "loaded, or no device): GPU windows need it for their copies and signals; check the driver, or "
@@ -276,14 +278,18 @@ static fab_result gpu_window_ok(fab_coll* g, void* data, int fd, int* staged, co
              "NCCL_PTR_HOST for host memory", fn, data);
     return FAB_ERR_INVALID_USAGE;
   }
-  int direct = !fab_g.params.gpu_emulate && (g->target_ep->dev->props.ptr_support & FAB_PTR_CUDA);
-  if (!direct && fd >= 0) {
-    FAB_WARN("%s: device %s cannot register GPU memory (provider without FI_HMEM), so dma-buf is not offered; "
-             "GPU windows are staged through host memory: use regMrSym", fn, g->dev->name);
-    return FAB_ERR_INTERNAL;
-  }
-  *staged = !direct;
+  fab_device* dev = g->target_ep->dev;
+  int calls_cuda = atomic_load(&dev->calls_cuda);
+  int direct = !fab_g.params.gpu_emulate && (dev->props.ptr_support & FAB_PTR_CUDA) && !calls_cuda;
+  *staged = !direct; /* a staged window is reached by its CUDA address alone: a dma-buf fd goes unused */
   if (direct) g->gpu_direct = 1;
+  if (!g->gpu_path_said) {
+    g->gpu_path_said = 1;
+    FAB_INFO(FAB_SUBSYS_NET, "RMA group on %s: GPU windows %s", g->dev->name,
+             direct       ? "direct (the provider registers GPU memory: FI_HMEM, and makes no CUDA calls)"
+             : calls_cuda ? "staged through host memory (the provider may call CUDA itself: FABRIC_RMA_STAGE_*)"
+                          : "staged through host memory (the provider has no FI_HMEM here: FABRIC_RMA_STAGE_*)");
+  }
   return FAB_OK;
 }
 
@@ -310,7 +316,7 @@ static fab_result reg_mr_sym(void* coll, void* data, size_t size, int type, uint
     return fab_bad_argument(fn, "size", (long long)size, "a range inside the address space");
   int staged = 0;
   if (type == FAB_PTR_CUDA) {
-    fab_result rc = gpu_window_ok(g, data, fd, &staged, fn);
+    fab_result rc = gpu_window_ok(g, data, &staged, fn);
     if (rc != FAB_OK) return rc;
   }
   fab_coll_win* w = calloc(1, sizeof(*w));

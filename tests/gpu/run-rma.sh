@@ -9,6 +9,10 @@
 # WARN. Knobs: PROVIDERS ["tcp shm"], ARGS (for nccl_rma_check), T [240] s per run,
 # EXTRA_ENV ("A=1 B=2", added to the plugin runs), BASELINE [1] (0: skip the run without plugin),
 # PLUGIN [<dir>/libnccl-net-fabric.so] (another build, for an A/B in one machine).
+# Provider "shm-hmem" (needs <dir>/lf2, build-rma.sh with LF2_CUDA): shm of a CUDA-enabled libfabric 2.x with
+# FABRIC_GPU_MEMORY=1: its FI_HMEM entry (inject size 0: control writes from bounce slots). shm refuses
+# FI_OPT_CUDA_API_PERMITTED=false (it copies GPU memory with cudaMemcpy from inside our calls), so GPU windows
+# must be staged; its log must say so.
 set -u -o pipefail
 dir=$(cd "${1:?usage: run-rma.sh <dir> <out>}" && pwd)
 out=${2:?usage: run-rma.sh <dir> <out>}
@@ -36,10 +40,21 @@ run() { # name, program arguments (one word), then env assignments
 
 [ "${BASELINE:-1}" = 0 ] || run baseline "--no-timing ${ARGS:-}" NCCL_DEBUG=WARN
 for prov in ${PROVIDERS:-tcp shm}; do
-  run "$prov" "${ARGS:-}" NCCL_NET_PLUGIN="${PLUGIN:-$dir/libnccl-net-fabric.so}" NCCL_NET=Fabric NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
-      NCCL_LSA_TEAM_SIZE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET FI_PROVIDER="$prov" FI_TCP_IFACE=lo \
-      FABRIC_TRANSPORT=rdma ${EXTRA_ENV:-}
+  plugin=${PLUGIN:-$dir/libnccl-net-fabric.so} fi_prov=$prov direct=()
+  if [ "$prov" = shm-hmem ]; then
+    plugin=$dir/lf2/libnccl-net-fabric.so fi_prov=shm
+    direct=(LD_LIBRARY_PATH="$dir/lf2/lib:$LD_LIBRARY_PATH" FABRIC_GPU_MEMORY=1)
+  fi
+  run "$prov" "${ARGS:-}" NCCL_NET_PLUGIN="$plugin" NCCL_NET=Fabric NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 \
+      NCCL_LSA_TEAM_SIZE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET FI_PROVIDER="$fi_prov" FI_TCP_IFACE=lo \
+      FABRIC_TRANSPORT=rdma "${direct[@]}" ${EXTRA_ENV:-}
   log=$out/$prov.log
+  grep -E "NET/Fabric: (RMA group on .*GPU windows|device 0:|GPU memory)" "$log" | sed 's/^.*NET\/Fabric: //' | sort -u |
+    sed 's/^/   /' >>"$summary"
+  if [ "$prov" = shm-hmem ] && ! grep -q "GPU windows staged through host memory (the provider may call CUDA itself" "$log"; then
+    echo "   FAIL: the plugin did not say it stages GPU windows on shm's FI_HMEM entry" >>"$summary"
+    fails=$((fails + 1))
+  fi
   grep -E "RMA/Plugin: (Loaded|Assigned)|NET/Fabric: RMA group" "$log" | sed 's/^[^ ]* //' | sort -u | sed 's/^/   /' >>"$summary"
   if ! grep -q "RMA/Plugin: Assigned plugin Fabric to comm" "$log"; then
     echo "   FAIL: NCCL's log does not show Fabric as its RMA plugin" >>"$summary"
