@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <sys/random.h>
@@ -99,6 +100,21 @@ static void forbid_cuda_calls(fab_endpoint* ep) {
 /* "fabric_<pid>_<nonce>_": the prefix of every endpoint name of this process */
 static void name_prefix(char* buf, size_t len) {
   snprintf(buf, len, "fabric_%d_%016llx_", (int)getpid(), (unsigned long long)process_nonce());
+}
+
+void fab_endpoint_unlink_names(void) {
+  if (atomic_load(&name_nonce) == 0) return; /* no endpoint was named */
+  char prefix[64];
+  name_prefix(prefix, sizeof(prefix));
+  DIR* d = opendir("/dev/shm");
+  if (!d) return;
+  char path[320];
+  for (struct dirent* e; (e = readdir(d));) {
+    if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+    snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+    unlink(path);
+  }
+  closedir(d);
 }
 
 int fab_ep_addr_in_process(const fab_endpoint* ep, const void* addr, size_t len) {

@@ -421,6 +421,10 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
 /* Closes the libfabric endpoint (its own endpoints first), runs the
  * teardown hook, frees the rest. */
 void fab_endpoint_destroy(fab_endpoint* ep);
+/* Removes the names of this process's shared-memory regions (/dev/shm/<our
+ * endpoint names>) without closing anything: for a process that ends with
+ * endpoints open. Mappings stay valid; a peer sees the region gone. */
+void fab_endpoint_unlink_names(void);
 /* Closes the buried endpoints no longer referenced (fab_ep_local.c); engine
  * shutdown calls it last. Returns how many stay buried. */
 int fab_endpoint_reap(void);

@@ -18,6 +18,7 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t g_nslots;    /* slots in allocated chunks */
 static uint32_t g_free_head; /* index + 1 */
 static uint64_t g_generation;
+static _Atomic uint32_t g_live[FAB_OBJ_KINDS]; /* live handles per kind (changed under g_lock, read without) */
 
 static slot* slot_at(uint32_t idx) {
   if (idx >= (uint32_t)MAX_CHUNKS * CHUNK_SLOTS) return NULL;
@@ -50,6 +51,7 @@ void* fab_obj_add(fab_obj_kind kind, void* ptr) {
   if (!gen) gen = ++g_generation & 0xffffffULL;
   s->ptr = ptr;
   atomic_store_explicit(&s->id, (gen << 8) | (uint64_t)kind, memory_order_release);
+  atomic_fetch_add_explicit(&g_live[kind], 1, memory_order_relaxed);
   pthread_mutex_unlock(&g_lock);
   return (void*)(uintptr_t)((gen << 40) | ((uint64_t)idx + 1));
 }
@@ -68,6 +70,7 @@ void* fab_obj_remove(const void* handle, fab_obj_kind kind) {
     uint32_t idx = (uint32_t)(((uint64_t)(uintptr_t)handle & 0xffffffffULL) - 1);
     s->next_free = g_free_head;
     g_free_head = idx + 1;
+    atomic_fetch_sub_explicit(&g_live[kind], 1, memory_order_relaxed);
   }
   pthread_mutex_unlock(&g_lock);
   return ptr;
@@ -81,7 +84,12 @@ void fab_obj_reset(void) {
   }
   g_nslots = 0;
   g_free_head = 0;
+  for (int k = 0; k < FAB_OBJ_KINDS; k++) atomic_store_explicit(&g_live[k], 0, memory_order_relaxed);
   pthread_mutex_unlock(&g_lock);
+}
+
+uint32_t fab_obj_live(fab_obj_kind kind) {
+  return (unsigned)kind < FAB_OBJ_KINDS ? atomic_load_explicit(&g_live[kind], memory_order_relaxed) : 0;
 }
 
 const char* fab_obj_kind_name(fab_obj_kind kind) {

@@ -29,6 +29,7 @@ typedef enum {
   FAB_OBJ_RAILS_SEND = 10,
   FAB_OBJ_RAILS_RECV = 11,
   FAB_OBJ_RAILS_MR = 12,
+  FAB_OBJ_KINDS
 } fab_obj_kind;
 
 /* Returns the new handle, or NULL when the table is full or out of memory. */
@@ -73,6 +74,8 @@ static inline fab_obj_kind fab_obj_kind_of(const void* handle) {
 }
 /* Frees the slot; returns the object, or NULL when the handle was not live. */
 void* fab_obj_remove(const void* handle, fab_obj_kind kind);
+/* How many handles of this kind are live (no lock: a snapshot). */
+uint32_t fab_obj_live(fab_obj_kind kind);
 /* Frees every slot (engine teardown). Live handles become unknown. */
 void fab_obj_reset(void);
 const char* fab_obj_kind_name(fab_obj_kind kind);

@@ -219,6 +219,22 @@ static int endpoint_locks_free(const struct timespec* deadline) {
   return 1;
 }
 
+/* Comms and one-sided groups the runtime has not closed. At exit() another
+ * thread may still be inside test() or isend() on one of them (the data path
+ * takes no lock), so tearing them down would free memory under it (seen as a
+ * crash in fab_req_put). Where any is open the process keeps them: at exit
+ * the kernel closes what libfabric holds, and the names of our shared-memory
+ * regions are removed here; a dlclose with comms open (no NCCL does that)
+ * leaks them rather than risk a crash. */
+static uint32_t open_comms(void) {
+  static const fab_obj_kind kinds[] = {FAB_OBJ_LISTEN,      FAB_OBJ_SEND,       FAB_OBJ_RECV,
+                                       FAB_OBJ_COLL,        FAB_OBJ_COLL_CTX,   FAB_OBJ_RAILS_LISTEN,
+                                       FAB_OBJ_RAILS_SEND,  FAB_OBJ_RAILS_RECV};
+  uint32_t n = 0;
+  for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) n += fab_obj_live(kinds[i]);
+  return n;
+}
+
 __attribute__((destructor)) static void fab_unload(void) {
   struct timespec deadline;
   clock_gettime(CLOCK_REALTIME, &deadline);
@@ -228,11 +244,21 @@ __attribute__((destructor)) static void fab_unload(void) {
   if (!lock_by(&fab_g.lock, &deadline)) {
     FAB_WARN("unload: the plugin's engine lock is still held after %d ms (a thread crashed or was signalled inside "
              "the plugin?); its state is left to the exiting process", FAB_UNLOAD_WAIT_MS);
+    fab_endpoint_unlink_names(); /* what the kernel would not clean up: shared-memory regions */
+    return;
+  }
+  uint32_t open = fab_g.up ? open_comms() : 0;
+  if (open) {
+    FAB_INFO(FAB_SUBSYS_INIT, "unload: %u comms are still open (the process ends without closing them); they are "
+             "left to the exiting process, since another thread may still be using them", open);
+    fab_endpoint_unlink_names();
+    pthread_mutex_unlock(&fab_g.lock);
     return;
   }
   if (fab_g.up && !endpoint_locks_free(&deadline)) {
     FAB_WARN("unload: an endpoint lock is still held after %d ms (a thread crashed or was signalled inside the "
              "plugin?); skipping teardown, its state is left to the exiting process", FAB_UNLOAD_WAIT_MS);
+    fab_endpoint_unlink_names();
     pthread_mutex_unlock(&fab_g.lock);
     return;
   }
