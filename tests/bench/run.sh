@@ -23,5 +23,7 @@ for prov in tcp shm; do
     tee "$out/$prov.txt"
 done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >> "$out/conditions.txt"
-python3 "$top/tests/bench/plot.py" --out "$out" "$out/tcp.csv" "$out/shm.csv" ||
+# Debian's interpreter carries python3-matplotlib; a pyenv one earlier in PATH usually does not
+python=$(command -v /usr/bin/python3 || command -v python3)
+"$python" "$top/tests/bench/plot.py" --out "$out" "$out/tcp.csv" "$out/shm.csv" ||
   echo "run.sh: no plots (see the message above); the CSV files are in $out"
