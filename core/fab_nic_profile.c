@@ -4,7 +4,7 @@
  * runs here exactly as it would there while tcp or shm carry the bytes. The
  * provider is then opened with the narrowed attributes, which it accepts as
  * a request for less. Each limit is taken from that provider's libfabric
- * source (docs/providers.md cites the lines).
+ * source (each entry below cites where).
  */
 #include <stdint.h>
 #include <string.h>
