@@ -101,7 +101,7 @@ set(FABRIC_GENERATED_C_FLAGS -Werror=incompatible-pointer-types -Werror=int-conv
 
 list(TRANSFORM FABRIC_GEN_DRIVER_SOURCES PREPEND ${FABRIC_GENERATED_DIR}/)
 add_library(fabric_drivers STATIC ${FABRIC_GEN_DRIVER_SOURCES} ${FABRIC_GENERATED_DIR}/${FABRIC_GEN_LAYOUT_CHECK})
-target_include_directories(fabric_drivers PUBLIC ${FABRIC_TOP}/core ${FABRIC_GENERATED_DIR}/abi
+target_include_directories(fabric_drivers PUBLIC ${FABRIC_API_INCLUDE_DIRS} ${FABRIC_GENERATED_DIR}/abi
                            ${FABRIC_GENERATED_DIR}/drivers)
 target_compile_options(fabric_drivers PRIVATE ${FABRIC_GENERATED_C_FLAGS})
 add_dependencies(fabric_drivers fabric_codegen)
@@ -167,7 +167,7 @@ function(fabric_add_net_plugin target)
   endif()
 
   add_library(${target} SHARED ${sources})
-  target_include_directories(${target} PRIVATE ${FABRIC_TOP}/core ${ARG_GENERATED_DIR}/abi)
+  target_include_directories(${target} PRIVATE ${FABRIC_API_INCLUDE_DIRS} ${ARG_GENERATED_DIR}/abi)
   target_compile_options(${target} PRIVATE ${FABRIC_GENERATED_C_FLAGS})
   target_link_libraries(${target} PRIVATE fabric_engine)
   target_link_options(${target} PRIVATE "LINKER:--version-script=${map}" "LINKER:--no-undefined")

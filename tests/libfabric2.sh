@@ -105,7 +105,7 @@ run "functional.tcp.rdma.core.efa" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TR
 run "functional.rma.tcp.v17.n2.efa" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma FABRIC_NIC_PROFILE=efa \
   FABRIC_TEST_RMA_API=17 "$fn/fabric-rma" --ranks 2
 # connections within one process: on shm, 2.x crashed removing an AV entry of a closed in-process endpoint
-# (fixed by core/fab_ep_local.c), and wrote a waiting send from a closed registration (fixed in rd_send.c)
+# (fixed by core/fabric/fab_ep_local.c), and wrote a waiting send from a closed registration (fixed in rd_send.c)
 run "unit.threads.tcp" "$top/build/tests/unit/fabric-unit-threads" tcp
 run "unit.threads.shm" "$top/build/tests/unit/fabric-unit-threads" shm
 run "unit.threads.shm_close_unmatched" "$top/build/tests/unit/fabric-unit-threads" shm 3 4 unmatched

@@ -201,7 +201,7 @@ class Family:
     slots: list = field(default_factory=list)
     layout: VMap = None
     tables: dict = field(default_factory=dict)
-    api: str = "fab_api"            # the core table its drivers fill (core/fab_api.h)
+    api: str = "fab_api"            # the core table its drivers fill (core/api/fab_api.h)
     library: str = "nccl-net-fabric"  # the shared library (lib<library>.so) that exports its tables
     export_versions: set = field(default_factory=set)  # versions with an exported table
     not_described: list = field(default_factory=list)  # [(VRange, reason)] upstream versions left out
@@ -218,7 +218,7 @@ class ApiMember:
     after_fallback: str | None
     absent: str | None
     node: object
-    api: str = "fab_api"            # the struct in core/fab_api.h this member belongs to
+    api: str = "fab_api"            # the struct in core/api/fab_api.h this member belongs to
 
 
 @dataclass

@@ -2,7 +2,7 @@
 /*
  * Drivers: one per exported ABI version. fab_driver_bind() fills the
  * family's core table (struct fab_api for net, struct fab_rma_api for rma:
- * core/fab_api.h) with functions that call through a table the plugin
+ * core/api/fab_api.h) with functions that call through a table the plugin
  * exports, so a test can
  *   dlopen the library, dlsym "ncclNetPlugin_v8", fab_driver_bind(...)
  * and run the same code against every version. Binding a version again

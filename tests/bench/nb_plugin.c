@@ -1,7 +1,7 @@
 /*
  * netbench plugin transport: dlopens any NCCL net plugin library, picks a
  * ncclNetPlugin_vN table and drives it through the generated driver for that
- * version, which fills a fab_api (core/fab_api.h) by calling through the
+ * version, which fills a fab_api (core/api/fab_api.h) by calling through the
  * table exactly as NCCL would (int sizes for v6-v8, the v10 connect config,
  * the v11+ per-communicator init, ...). Nothing here knows a version.
  */

@@ -71,7 +71,7 @@ void raw_progress(raw_state* r) {
   }
 }
 
-/* The hints the plugin uses (core/fab_device.c make_hints/query): RDM,
+/* The hints the plugin uses (core/fabric/fab_device.c make_hints/query): RDM,
  * FI_TAGGED|FI_MSG, FI_CONTEXT|FI_CONTEXT2, FI_THREAD_SAFE, SAS ordering,
  * mr_mode LOCAL|ALLOCATED|PROV_KEY|VIRT_ADDR; then, only when the CUDA driver
  * is usable, the same query with FI_HMEM|FI_REMOTE_COMM (+FI_MR_HMEM) for the
@@ -96,7 +96,7 @@ static struct fi_info* raw_hints(const nb_xport_opts* o, const char* prov, int h
   return h;
 }
 
-/* The plugin's test (core/fab_cuda.c): libcuda loads, cuInit(0) and
+/* The plugin's test (core/base/fab_cuda.c): libcuda loads, cuInit(0) and
  * cuDeviceGetCount succeed with at least one device. */
 static int cuda_usable(void) {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);

@@ -478,7 +478,7 @@ void ft_free(void* buf, size_t len) {
 
 /* libfabric's shm provider names an endpoint's region /dev/shm/<name>; a
  * process killed before closing its endpoints leaves the file behind. The
- * engine names its regions fabric_<pid>_<nonce>_<n> (core/fab_endpoint.c),
+ * engine names its regions fabric_<pid>_<nonce>_<n> (core/fabric/fab_endpoint.c),
  * so stale ones never collide, but they still hold memory: after killing a
  * child on purpose the harness removes what the child left, matching both
  * the engine's names and libfabric's default <pid>:<n>:<m>. */

@@ -352,7 +352,7 @@ FT_PAIR_TEST(oversize, 60) {
  * strict (truncation_error_code): the side that reports the mismatch says
  * ncclInvalidUsage, as docs/abi-facts.md §2 asks for size mismatches and as the
  * engine maps FI_ETRUNC (whatever sign the provider gives it: shm reports
- * -FI_ETRUNC; the endpoint normalises it, core/fab_endpoint.c). */
+ * -FI_ETRUNC; the endpoint normalises it, core/fabric/fab_endpoint.c). */
 static void send_larger_body(ft_peer* peer, int strict, int RLEN, int SLEN) {
   enum { GUARD = 4096 };
   ft_side s;

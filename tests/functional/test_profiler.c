@@ -2,7 +2,7 @@
  * Profiler events (net v10+, and the core): the callback given at init gets a
  * start event for every buffer posted with a parent handle and one last
  * update-and-stop when test reports it, each carrying fab_prof_event_v1
- * (core/fab_prof.h, docs/profiler.md) under pluginId FAB_PROF_PLUGIN_ID. The
+ * (core/fabric/fab_prof.h, docs/profiler.md) under pluginId FAB_PROF_PLUGIN_ID. The
  * callback here records what NCCL's would forward to a profiler plugin.
  * Before v10 the tables carry no callback: nothing is emitted.
  */

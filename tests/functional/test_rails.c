@@ -1,5 +1,5 @@
 /*
- * Comms over several rails (core/fab_rails.h). FABRIC_RAILS=4 (set here
+ * Comms over several rails (core/rails/fab_rails.h). FABRIC_RAILS=4 (set here
  * before init) lists every device four times, each copy with its own domain
  * and endpoint; makeVDevice fuses 2 or 4 copies of device 0 into a device
  * whose comms run one rail per member. Through every table with makeVDevice

@@ -1,5 +1,5 @@
 /*
- * The target side of one-sided groups (core/fab_coll_ops.c) against forged
+ * The target side of one-sided groups (core/onesided/fab_coll_ops.c) against forged
  * input, in one process: what lands is handed to fab_coll_target_landed as
  * the rdma transport would, in any order a provider may deliver it.
  *  - a signal applies only once every put its source sent before it has

@@ -3,7 +3,7 @@
  *
  * libfabric (Debian 1.17) loads libinfinipath, whose signal handlers call
  * exit(); exit runs our library destructor while the crashed or signalled
- * thread may still hold a lock of the plugin (core/fab_signals.c). Each case
+ * thread may still hold a lock of the plugin (core/fabric/fab_signals.c). Each case
  * runs in a forked child that holds the shared endpoint's lock in a second
  * thread, as a thread stuck inside the plugin would, and then ends.
  */

@@ -265,7 +265,7 @@ static void drop_waiting(fab_comm* c, fab_req* only) {
  * delivered once its buffer is announced (the closed comm stays parked until
  * then), unless its buffer was deregistered meanwhile (it then fails, never
  * read); only a failed connection drops them. close waits for the writes
- * already posted (core/fab_comm.c). */
+ * already posted (core/conn/fab_comm.c). */
 void rd_send_cancel(fab_comm* c) {
   if (c->error != FAB_OK) drop_waiting(c, NULL);
 }

@@ -2,7 +2,7 @@
  * that tag so far): the k-th send with a tag matches the k-th buffer posted
  * with it, on both sides, whichever path each message takes. Open
  * addressing; grows. Owned by one thread at a time: the rdma transport's under the endpoint lock, a
- * rails comm's by its owner thread (core/fab_rails.c). */
+ * rails comm's by its owner thread (core/rails/fab_rails.c). */
 #ifndef FAB_TAGMAP_H
 #define FAB_TAGMAP_H
 

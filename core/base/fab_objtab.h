@@ -25,7 +25,7 @@ typedef enum {
   FAB_OBJ_COLL = 6,     /* a one-sided group (RMA connect) */
   FAB_OBJ_COLL_CTX = 7, /* its contexts (createContext) */
   FAB_OBJ_COLL_WIN = 8, /* a symmetric registration (regMrSym) */
-  FAB_OBJ_RAILS_LISTEN = 9, /* on a virtual device of several members (core/fab_rails.h) */
+  FAB_OBJ_RAILS_LISTEN = 9, /* on a virtual device of several members (core/rails/fab_rails.h) */
   FAB_OBJ_RAILS_SEND = 10,
   FAB_OBJ_RAILS_RECV = 11,
   FAB_OBJ_RAILS_MR = 12,

@@ -58,7 +58,7 @@ static fab_result engine_up(void) {
   }
   if (fab_signals_reset_psm() > 0)
     FAB_INFO(FAB_SUBSYS_INIT, "reset the crash and SIGTERM handlers a PSM library installed during discovery "
-             "(they write *.btr files and call exit()); see core/fab_signals.c");
+             "(they write *.btr files and call exit()); see core/fabric/fab_signals.c");
   fab_g.up = 1;
   const fab_device* d0 = fab_g.devs[0];
   int onesided = d0->ops->onesided_data != NULL;

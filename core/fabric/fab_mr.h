@@ -44,7 +44,7 @@ typedef struct fab_mr {
   void* handle;
   fab_list node; /* in the cache's handle list */
   /* offered to a connection's peer (Neuron's one-sided calls,
-   * core/fab_p2p_rma.c): the comm's handle and the offer's id there; NULL
+   * core/onesided/fab_p2p_rma.c): the comm's handle and the offer's id there; NULL
    * when not offered */
   void* offered_on;
   uint64_t offer_id;

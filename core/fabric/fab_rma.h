@@ -74,7 +74,7 @@ ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t 
 ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
                                  const fab_window* w, uint64_t off, uint64_t data, fab_op* op);
 /* The same without CQ data (a runtime's inline write into a peer's window,
- * core/fab_p2p_rma.c): buf needs no registration. */
+ * core/onesided/fab_p2p_rma.c): buf needs no registration. */
 ssize_t fab_rma_inject_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
                              uint64_t off, fab_op* op);
 /* A transport's control write on comm c (an announcement, credits): inline,

@@ -8,7 +8,7 @@
  * the transport's comm ids come for free), and the collective exchanges
  * (hello, windows) are tagged messages on those comms. Data never goes
  * through them: puts, gets and signals are RDMA operations posted directly
- * on the endpoint (core/fab_rma.c, window-checked), and what lands at a
+ * on the endpoint (core/fabric/fab_rma.c, window-checked), and what lands at a
  * target is named by the rdma transport's remote CQ data with its one-sided
  * slot (transports/rdma/rd_proto.h), dispatched to fab_coll_target_landed
  * under the target endpoint's lock.

@@ -1,5 +1,5 @@
 /*
- * Registered buffers of our own (core/fab_rma.h): a transport's mailboxes and
+ * Registered buffers of our own (core/fabric/fab_rma.h): a transport's mailboxes and
  * rings, the ones retired while a peer may still write into them, and the
  * endpoint's bounce pool.
  *

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "fab_conn.h"
+#include "fab_engine.h"
 
 /* The pid in an address of our name form (after an optional "scheme://"),
  * or 0 when addr is not one. */

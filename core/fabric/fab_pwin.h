@@ -1,6 +1,6 @@
 /*
  * One-sided calls on a point-to-point connection (Neuron's getMrKey, iwrite,
- * iwriteInline, iread; core/fab_p2p_rma.c): the state a comm keeps for them.
+ * iwriteInline, iread; core/onesided/fab_p2p_rma.c): the state a comm keeps for them.
  *
  * Each end offers the other the windows it registers on the connection
  * (fab_wire_window messages, sent by fab_p2p_rma.c, applied here by the

@@ -160,7 +160,7 @@ int fab_listen_close_owned(fab_endpoint* ep, fab_ctx* owner);
 int fab_connect_drop_owned(fab_endpoint* home, fab_ctx* owner);
 
 /* The single-rail handshake and close (a comm over several rails is a set
- * of these, core/fab_rails.c). rails > 1: this comm is rail `rail` of that
+ * of these, core/rails/fab_rails.c). rails > 1: this comm is rail `rail` of that
  * many; rail 0's listener sends rail_handles (rails - 1 listen handles of
  * FAB_HANDLE_SIZE, copied) after each answer, and rail 0's connector keeps
  * them on its send comm (fab_comm.rail_handles). */

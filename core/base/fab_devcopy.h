@@ -3,7 +3,7 @@
  * windows in GPU memory, their signals). Nothing else in the engine reads or
  * writes such memory with the CPU.
  *
- * Two backends: the CUDA driver (core/fab_cuda.c: a non-blocking stream of
+ * Two backends: the CUDA driver (core/base/fab_cuda.c: a non-blocking stream of
  * our own per context, each copy waited for), or, for the CPU-only test
  * suite, emulation (FABRIC_GPU_EMULATE=1): "GPU memory" is host memory the
  * tests map without access, so any direct touch by the CPU or the provider

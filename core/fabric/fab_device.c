@@ -12,7 +12,7 @@
  * 1.17's shm HMEM path lets one large send whose receive is not posted yet
  * stall every other send of the endpoint (two channels of a NCCL broadcast
  * then deadlock; seen on two H200s); 2.x's shm HMEM entry (no inject: small
- * writes are bounced, core/fab_rma_buf.c) slows host memory (docs/results/performance-history.md §4).
+ * writes are bounced, core/fabric/fab_rma_buf.c) slows host memory (docs/results/performance-history.md §4).
  */
 #include <errno.h>
 #include <limits.h>
@@ -392,7 +392,7 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
   /* Where writes can be placed in order at no cost (a provider that reaches
    * other hosts and grants write-after-write ordering: tcp streams do), one-
    * sided groups ask for it and need no per-put completion at the target
-   * (core/fab_coll.h). Not on intra-host providers: shm gives up its direct
+   * (core/onesided/fab_coll.h). Not on intra-host providers: shm gives up its direct
    * copy for RMA when ordering is asked. */
   struct fi_info* ordered = (t->needs.caps & FI_RMA) && remote
                                 ? query_ordered(prov, t, hmem ? hmem_caps : 0, FI_ORDER_WAW, &rc)
