@@ -216,10 +216,18 @@ typedef struct fab_rails_mr {
 /* fab_rails_data.c: a comm's parents, when it closes. */
 void fab_rails_data_free(fab_rails_comm* rc);
 
-/* fab_rails_route.c: the rail of the k-th message of a tag; the rail's own
- * memory handle inside a handle registered on the comm. */
-int fab_rails_rail_for(const fab_rails_comm* rc, int tag, uint32_t k);
-void* fab_rails_member_mh(void* mhandle, int rail);
+/* The rail of the k-th message of a tag. */
+static inline int fab_rails_rail_for(const fab_rails_comm* rc, int tag, uint32_t k) {
+  return (int)((k + (uint32_t)tag) % (uint32_t)rc->n);
+}
+
+/* The rail's own memory handle inside a handle registered on the comm (another
+ * handle is passed through: resolving it WARNs). */
+static inline void* fab_rails_member_mh(void* mhandle, int rail) {
+  if (!mhandle) return NULL;
+  fab_rails_mr* m = fab_obj_get(mhandle, FAB_OBJ_RAILS_MR);
+  return m && rail < m->n ? m->mh[rail] : mhandle;
+}
 
 /* fab_rails_stripe.c */
 uint32_t fab_stripe_notice_check(const fab_stripe_notice* n);

@@ -32,6 +32,8 @@
 #ifndef RD_H
 #define RD_H
 
+#include <stdio.h>
+
 #include "fab_rma.h"
 #include "fab_transport.h"
 #include "rd_proto.h"
@@ -128,13 +130,26 @@ static inline rd_rcomm* rd_r(fab_comm* c) { return fab_comm_tp(c); }
 static inline rd_sreq* rd_sq(fab_req* r) { return fab_req_tp(r); }
 static inline rd_rreq* rd_rq(fab_req* r) { return fab_req_tp(r); }
 
-/* The source of credit and acknowledgement writes (8 bytes into RD_SCRATCH). */
-extern const uint64_t rd_scratch_word;
+/* The source of credit and acknowledgement writes (8 bytes into RD_SCRATCH):
+ * they are inline or bounced, so any copy of the word serves. */
+static const uint64_t rd_scratch_word = 0;
 
 /* Drives the comm's endpoint (and its home endpoint, for an own one). */
-void rd_poll(fab_comm* c);
-/* Fails the connection after a peer broke the protocol: one WARN. ep lock held. */
-void rd_protocol_error(fab_comm* c, const char* what);
+static inline void rd_poll(fab_comm* c) {
+  fab_ep_poll(c->ep);
+  if (FAB_UNLIKELY(c->home != NULL)) fab_ep_poll(c->home);
+}
+
+/* Fails the connection after a peer broke the protocol: one WARN per
+ * connection (a flood of garbage logs once). ep lock held. */
+static inline void rd_protocol_error(fab_comm* c, const char* what) {
+  if (c->error != FAB_OK) return;
+  char why[160];
+  snprintf(why, sizeof(why), "the peer broke the rdma protocol: %s", what);
+  FAB_WARN("connection to %s failed: %s; nothing was written outside a registered buffer. Check that both ranks run "
+           "the same plugin build", c->peer_name, why);
+  fab_comm_fail(c, FAB_ERR_REMOTE, why);
+}
 
 /* rd_send.c */
 fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, void** request);
