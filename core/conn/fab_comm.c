@@ -66,19 +66,17 @@ static int requests_posted(fab_comm* c) {
   return fab_req_pending(c, unposted + 1) > unposted;
 }
 
-static void nclosing_add(fab_endpoint* ep, int d);
-
 int fab_parked_is_comm(const fab_parked* p) { return p->destroy == comm_destroy; }
 
 void fab_comm_park_closed(fab_endpoint* ep, fab_comm* c) {
   fab_ep_park(ep, &c->park);
-  nclosing_add(ep, 1);
+  fab_ep_nclosing_add(ep, 1);
   atomic_store_explicit(&ep->sweep_every, FAB_SWEEP_EVERY_MIN, memory_order_relaxed);
 }
 
 static void release_closed(fab_comm* c) {
   fab_list_del(&c->park.node);
-  nclosing_add(c->ep, -1);
+  fab_ep_nclosing_add(c->ep, -1);
   fab_comm_free(c);
 }
 
@@ -96,11 +94,6 @@ void fab_comm_op_done(fab_comm* c) {
   fab_comm_count_completion(c);
   if (atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel) == 1 && c->closing && !fab_comm_busy(c))
     release_closed(c);
-}
-
-static void nclosing_add(fab_endpoint* ep, int d) {
-  atomic_store_explicit(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) + d,
-                        memory_order_relaxed);
 }
 
 /* A retiring own endpoint whose sends the receiver has not taken for
@@ -132,7 +125,7 @@ static int progress_retiring(fab_endpoint* home) {
     pthread_mutex_unlock(&own->lock);
     if (!idle && !retired_too_long(own, now)) continue;
     fab_list_del(&own->private_node);
-    nclosing_add(home, -1);
+    fab_ep_nclosing_add(home, -1);
     fab_endpoint_destroy(own);
     gone++;
   }
@@ -217,7 +210,7 @@ static fab_result close_own_endpoint_comm(fab_comm* c, const char* fn) {
   } else {
     own->retiring = 1;
     own->retiring_since_ms = fab_now_ms();
-    nclosing_add(home, 1);
+    fab_ep_nclosing_add(home, 1);
     atomic_store_explicit(&home->sweep_every, FAB_SWEEP_EVERY_MIN, memory_order_relaxed);
   }
   pthread_mutex_unlock(&home->lock);

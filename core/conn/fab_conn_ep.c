@@ -21,7 +21,13 @@ static void endpoint_teardown(fab_endpoint* ep) {
   }
 }
 
-static const fab_ep_hooks conn_hooks = {.sweep = fab_comm_sweep_closed, .teardown = endpoint_teardown};
+/* Unsent refusals first: a refusal posted now can complete by the next poll. */
+static int endpoint_sweep(fab_endpoint* ep) {
+  int gone = fab_list_empty(&ep->refusals) ? 0 : fab_conn_refusals_retry(ep);
+  return gone + fab_comm_sweep_closed(ep);
+}
+
+static const fab_ep_hooks conn_hooks = {.sweep = endpoint_sweep, .teardown = endpoint_teardown};
 
 fab_result fab_conn_endpoint_create(fab_device* dev, fab_endpoint** out) {
   fab_endpoint* ep;

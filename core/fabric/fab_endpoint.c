@@ -155,6 +155,7 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
   fab_list_init(&ep->connects);
   fab_list_init(&ep->comms);
   fab_list_init(&ep->parked);
+  fab_list_init(&ep->refusals);
   fab_list_init(&ep->retired);
   fab_list_init(&ep->privates);
   fab_list_init(&ep->private_node);
@@ -588,6 +589,11 @@ void fab_ep_peer_name(fab_endpoint* ep, fi_addr_t a, char* buf, size_t len) {
 }
 
 void fab_ep_park(fab_endpoint* ep, fab_parked* p) { fab_list_push(&ep->parked, &p->node); }
+
+void fab_ep_nclosing_add(fab_endpoint* ep, int d) {
+  atomic_store_explicit(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) + d,
+                        memory_order_relaxed);
+}
 
 /* A control message that owns itself: parked on its endpoint until its
  * completion (or the endpoint's destruction) frees it. */

@@ -198,8 +198,9 @@ struct fab_endpoint {
                                * withdrawals are not waited for until it answers one (ep lock) */
   int64_t bad_ctrl_warned_ms; /* the last WARN about a malformed control message (fab_ctrl.c, ep lock) */
   uint32_t bad_ctrl_quiet;    /* malformed control messages ignored without a WARN since then */
-  _Atomic int nclosing;       /* closed comms parked until their data operations complete,
-                               * and own endpoints retiring (privates) */
+  _Atomic int nclosing;       /* what the sweep hook must revisit: closed comms parked until their data
+                               * operations complete, own endpoints retiring (privates), refusals not
+                               * sent yet; changed under the lock (fab_ep_nclosing_add) */
   _Atomic uint32_t sweep_tick;  /* data polls since the last sweep (relaxed, approximate) */
   _Atomic uint32_t sweep_every; /* data polls between sweeps: 64, doubling up to 4096 while
                                  * sweeps free nothing (a send that never completes) */
@@ -216,6 +217,7 @@ struct fab_endpoint {
   fab_list connects; /* pending connects */
   fab_list comms;    /* live send and recv comms */
   fab_list parked;
+  fab_list refusals; /* refusals the provider could not take yet (fab_ctrl.c), retried by the sweep */
   fab_list retired;  /* buffers peers may still write into (fab_rma_buf_retire) */
   _Atomic(fab_bounce_pool*) bounce; /* slots for small writes the provider cannot inject (fab_rma_bounce.c) */
   uint32_t next_conn_id;
@@ -480,6 +482,8 @@ void fab_ep_peer_name(fab_endpoint* ep, fi_addr_t a, char* buf, size_t len);
  * from the same process (unit.threads.shm). */
 int fab_ep_addr_in_process(const fab_endpoint* ep, const void* addr, size_t len);
 void fab_ep_park(fab_endpoint* ep, fab_parked* p);
+/* Counts d more (or fewer) objects the sweep hook must revisit; ep lock held. */
+void fab_ep_nclosing_add(fab_endpoint* ep, int d);
 /* Registers a control-message buffer where the provider needs descriptors
  * (FI_MR_LOCAL); returns 0 or a negative fi errno. */
 int fab_ep_ctrl_reg(fab_endpoint* ep, void* buf, size_t len, struct fid_mr** mr, void** desc);

@@ -99,33 +99,63 @@ FT_PAIR_TEST(corrupt_handle, 60) {
   ft_side_close(&s);
 }
 
+/* The end of a refusal case: each side connects to the other's keep listen
+ * comm and accepts the other's connect (rc: already accepted, or NULL), which makes the wait for the peer
+ * one that progresses this side's endpoint. A side that stopped calling the
+ * plugin (ft_sync) would answer nothing, and the peer's connects still on
+ * their way to its closed listen comm would wait out their timeout. A side
+ * has both comms only once the peer is past its own connects. */
+static void meet_then_close(ft_side* s, void* keep, const unsigned char* their_keep, void* rc) {
+  ft_phase("meet over the kept listen comms");
+  void* sc = NULL;
+  unsigned char peer_handle[FAB_HANDLE_SIZE];
+  memcpy(peer_handle, their_keep, FAB_HANDLE_SIZE);
+  int64_t t0 = ft_now_ms();
+  while ((!sc || !rc) && ft_now_ms() - t0 < T_MS) {
+    void* dh = NULL;
+    if (!sc) FT_OK(s->api->connect(s->ctx, s->dev, &s->config, peer_handle, &sc, &dh));
+    if (!rc && (sc || !ft_blocking(&s->lib))) FT_OK(s->api->accept(keep, &rc, &dh));
+  }
+  FT_CHECK(sc && rc, "the peer did not connect to the kept listen comm within %d ms (send comm %p, recv comm %p)",
+           T_MS, sc, rc);
+  for (int64_t t1 = ft_now_ms(); !ft_blocking(&s->lib) && ft_now_ms() - t1 < 200;) {
+    void *extra = NULL, *dh = NULL;
+    FT_OK(s->api->accept(keep, &extra, &dh));
+    FT_CHECK(extra == NULL, "the kept listen comm accepted a second comm: a request for the closed one reached it");
+  }
+  FT_OK(s->api->close_send(sc));
+  FT_OK(s->api->close_recv(rc));
+  FT_OK(s->api->close_listen(keep));
+}
+
 /* A connect to a listen comm that was closed is refused: the connector fails
  * fast with ncclRemoteError and one WARN instead of waiting out
- * FABRIC_CONNECT_TIMEOUT_MS (120 s by default), and an accept on another
- * listen comm of the same endpoint meanwhile yields nothing. */
+ * FABRIC_CONNECT_TIMEOUT_MS (120 s by default), and another listen comm of
+ * the same endpoint gets nothing of it (meet_then_close). */
 FT_PAIR_TEST(refused, 60) {
   enum { REFUSED_MS = 20000 };
   ft_side s;
   ft_side_open(&s, peer, ft_api_selected());
   void *keep = NULL, *gone = NULL;
   unsigned char keep_handle[FAB_HANDLE_SIZE], handle[FAB_HANDLE_SIZE], theirs[FAB_HANDLE_SIZE];
+  unsigned char their_keep[FAB_HANDLE_SIZE];
   FT_OK(s.api->listen(s.ctx, s.dev, keep_handle, &keep)); /* the endpoint stays up */
   FT_OK(s.api->listen(s.ctx, s.dev, handle, &gone));
   FT_OK(s.api->close_listen(gone));
   ft_xchg(peer, "closed listen handle", handle, theirs, sizeof handle, T_MS);
+  ft_xchg(peer, "kept listen handle", keep_handle, their_keep, sizeof keep_handle, T_MS);
   int w0 = ft_log_warns();
   ft_log_expect_warns(1);
   ft_phase("connect to a closed listen comm");
-  void* sc = NULL;
+  void *sc = NULL, *met = NULL;
   fab_result rc = FAB_OK;
   int64_t t0 = ft_now_ms();
   while (rc == FAB_OK && !sc && ft_now_ms() - t0 < REFUSED_MS) {
     void* dh = NULL;
     rc = s.api->connect(s.ctx, s.dev, &s.config, theirs, &sc, &dh);
     if (ft_blocking(&s.lib)) continue; /* a blocking connect progresses by itself; accept would wait */
-    void* none = NULL;
-    FT_OK(s.api->accept(keep, &none, &dh)); /* keeps this side progressing */
-    FT_CHECK(none == NULL, "accept produced a comm although nobody connects to this listen comm");
+    if (!met) FT_OK(s.api->accept(keep, &met, &dh)); /* keeps this side progressing; a comm here is the
+                                                       * peer's, done with its connects (meet_then_close) */
   }
   ft_log_expect_warns(0);
   FT_CHECK(rc == FAB_ERR_REMOTE && sc == NULL,
@@ -133,8 +163,58 @@ FT_PAIR_TEST(refused, 60) {
            (int)rc, sc, (long long)(ft_now_ms() - t0), (int)FAB_ERR_REMOTE);
   FT_CHECK(ft_log_warns() - w0 == 1, "%d WARN lines for one refusal; last: %s", ft_log_warns() - w0,
            ft_log_last_warn());
-  ft_sync(peer, "refused", T_MS);
-  FT_OK(s.api->close_listen(keep));
+  meet_then_close(&s, keep, their_keep, met);
+  ft_side_close(&s);
+}
+
+/* Many connects at once from each side to the other's closed listen comm:
+ * every one is refused, none waits out FABRIC_CONNECT_TIMEOUT_MS. The
+ * refusals leave the listener's endpoint back to back, more than shm's queue
+ * to one peer takes at once, so a refusal the provider cannot take now
+ * (-FI_EAGAIN) must be retried, not dropped: dropped, some connects here
+ * waited out the whole connect timeout on shm in every run. */
+FT_PAIR_TEST(refused_many, 90) {
+  enum { K = 96, REFUSED_MS = 20000 };
+  setenv("FABRIC_CONNECT_TIMEOUT_MS", "60000", 1);
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  void *keep = NULL, *gone = NULL;
+  unsigned char keep_handle[FAB_HANDLE_SIZE], handle[FAB_HANDLE_SIZE], theirs[FAB_HANDLE_SIZE];
+  unsigned char their_keep[FAB_HANDLE_SIZE];
+  FT_OK(s.api->listen(s.ctx, s.dev, keep_handle, &keep));
+  FT_OK(s.api->listen(s.ctx, s.dev, handle, &gone));
+  FT_OK(s.api->close_listen(gone));
+  ft_xchg(peer, "closed listen handle", handle, theirs, sizeof handle, T_MS);
+  ft_xchg(peer, "kept listen handle", keep_handle, their_keep, sizeof keep_handle, T_MS);
+  static unsigned char copies[K][FAB_HANDLE_SIZE]; /* one pending connect per handle buffer */
+  for (int v = 0; v < K; v++) memcpy(copies[v], theirs, FAB_HANDLE_SIZE);
+  fab_result rc[K];
+  void *sc[K], *met = NULL;
+  memset(sc, 0, sizeof sc);
+  for (int v = 0; v < K; v++) rc[v] = FAB_OK;
+  int w0 = ft_log_warns();
+  ft_log_expect_warns(1);
+  ft_phase("many connects to a closed listen comm");
+  int64_t t0 = ft_now_ms();
+  for (int left = K; left > 0 && ft_now_ms() - t0 < REFUSED_MS;) {
+    for (int v = 0; v < K; v++) {
+      if (rc[v] != FAB_OK || sc[v]) continue;
+      void* dh = NULL;
+      rc[v] = s.api->connect(s.ctx, s.dev, &s.config, copies[v], &sc[v], &dh);
+      if (rc[v] != FAB_OK || sc[v]) left--;
+    }
+    if (ft_blocking(&s.lib)) continue;
+    void* dh = NULL;
+    if (!met) FT_OK(s.api->accept(keep, &met, &dh)); /* keeps this side progressing (see refused) */
+  }
+  ft_log_expect_warns(0);
+  for (int v = 0; v < K; v++)
+    FT_CHECK(rc[v] == FAB_ERR_REMOTE && sc[v] == NULL,
+             "connect %d of %d to a closed listen comm: rc %d, comm %p after %lld ms; expected ncclRemoteError (%d)",
+             v, K, (int)rc[v], sc[v], (long long)(ft_now_ms() - t0), (int)FAB_ERR_REMOTE);
+  FT_CHECK(ft_log_warns() - w0 == K, "%d WARN lines for %d refusals; last: %s", ft_log_warns() - w0, K,
+           ft_log_last_warn());
+  meet_then_close(&s, keep, their_keep, met);
   ft_side_close(&s);
 }
 
