@@ -80,6 +80,17 @@ asan_tests() {
 }
 stage "test under AddressSanitizer + UBSan" asan_tests
 
+# Why each failed test failed, last: CI shows the start and the end of this
+# output, and a failing test's own lines sit in the middle of it.
+why_failed() {
+  local dir=$1 log=$1/Testing/Temporary/LastTest.log
+  [[ -s $dir/Testing/Temporary/LastTestsFailed.log && -f $log ]] || return 0
+  echo "-- failed in $(basename "$dir"): $(cut -d: -f2 "$dir/Testing/Temporary/LastTestsFailed.log" | tr '\n' ' ')"
+  grep -a -E "check .* failed|FT_FAIL|WATCHDOG|CRASH|Unexpected signal|ERROR: AddressSanitizer|runtime error:|LeakSanitizer|Timeout|hung" \
+    "$log" | grep -a -v "expected WARN" | head -n 25
+}
+for d in "$top/build" "$top/build-asan"; do why_failed "$d"; done
+
 failed_list=$(printf '%s; ' "${failed_names[@]}")
 echo "stages: $passed passed, $failed failed${failed_names[*]:+ (${failed_list%; })}; $(( $(date +%s) - t0 )) s in all"
 [[ $failed -eq 0 ]]
