@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "fab_conn.h"
+#include "fab_pwin.h"
 #include "fab_transport.h"
 
 static void pending_free(fab_pending* pc) {
@@ -221,6 +222,7 @@ static fab_result start(fab_endpoint* home, fab_device* d, fab_ctx* owner, const
     return FAB_ERR_SYSTEM;
   }
   fab_comm* c = pc->comm;
+  c->awaiting_answer = 1;
   rc = peer_usable(ep, &h);
   if (rc != FAB_OK) {
     fab_pending_retire(pc, 0);
@@ -352,6 +354,8 @@ static fab_result check_answer(fab_pending* pc, int* done) {
   }
   c->conn_id = a.conn_id;
   c->tag_base = fab_tag_data(a.conn_id, 0);
+  c->awaiting_answer = 0;
+  fab_pwin_release_held(c); /* window messages that came with the answer */
   *done = 1;
   return FAB_OK;
 }

@@ -152,6 +152,10 @@ static void window_deliver(fab_endpoint* ep, const void* raw, size_t len) {
     return;
   }
   fab_comm* c = fab_ep_id_get(ep, m.target_id);
+  if (c && !c->closing && c->awaiting_answer) {
+    fab_pwin_hold(c, &m); /* its connect reads the answer after this poll */
+    return;
+  }
   if (!c || c->closing || c->peer_id != m.source_id || c->conn_id != m.conn_id) {
     FAB_INFO(FAB_SUBSYS_NET, "%s: dropped a window offer for connection %u (comm %u), which is not open here",
              ep->dev->name, m.conn_id, m.target_id);

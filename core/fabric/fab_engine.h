@@ -346,6 +346,8 @@ struct fab_comm {
   void (*onesided)(struct fab_comm* c, uint32_t low);
   void* onesided_arg;
   struct fab_pwin* pwin;       /* one-sided calls on this connection (fab_pwin.h), from the first */
+  int awaiting_answer;         /* send: its connect has not read the listener's answer yet; window
+                                * messages that come first are held (fab_pwin_hold) */
   struct fab_prof_slot* prof; /* profiler events of its requests (fab_prof.c), from the first profiled one */
   uint32_t prof_declined;      /* posts in a row whose starts the callback declined (owner thread) */
   uint32_t prof_skip;          /* posts to leave unannounced before asking again (owner thread) */

@@ -18,6 +18,7 @@ fab_pwin* fab_pwin_get(fab_comm* c) {
 
 void fab_pwin_free(fab_pwin* p) {
   if (!p) return;
+  free(p->held);
   free(p->peer);
   free(p);
 }
@@ -89,6 +90,35 @@ void fab_pwin_apply(fab_comm* c, const fab_wire_window* m) {
   e->win.addr = m->addr;
   e->win.len = m->len;
   e->win.key = m->key;
+}
+
+void fab_pwin_hold(fab_comm* c, const fab_wire_window* m) {
+  fab_pwin* p = fab_pwin_get(c);
+  if (p && p->nheld >= FAB_PWIN_HELD) {
+    FAB_WARN("%s: more than %d window messages came before the answer to the connect; the rest are dropped (a "
+             "foreign or corrupted sender)", c->ep->dev->name, FAB_PWIN_HELD);
+    return;
+  }
+  if (!p || grow((void**)&p->held, &p->cap_held, p->nheld, sizeof(*p->held)) != 0) {
+    fab_comm_fail(c, FAB_ERR_SYSTEM, "out of memory keeping a window the peer offered");
+    return;
+  }
+  p->held[p->nheld++] = *m;
+}
+
+void fab_pwin_release_held(fab_comm* c) {
+  fab_pwin* p = c->pwin;
+  if (!p || !p->nheld) return;
+  for (size_t i = 0; i < p->nheld; i++) {
+    const fab_wire_window* m = &p->held[i];
+    if (m->source_id == c->peer_id && m->conn_id == c->conn_id) fab_pwin_apply(c, m);
+    else
+      FAB_INFO(FAB_SUBSYS_NET, "%s: dropped a window message for connection %u that came before the answer to a "
+               "connect, which named connection %u", c->ep->dev->name, m->conn_id, c->conn_id);
+  }
+  free(p->held);
+  p->held = NULL;
+  p->nheld = p->cap_held = 0;
 }
 
 const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va, uint64_t len, int* why) {

@@ -21,6 +21,7 @@ enum {
   FAB_OS_REQS = 256,        /* one-sided requests in flight per comm (beyond: NULL request, retry) */
   FAB_OFFER_WAIT_MS = 5000, /* an unknown key is retried this long: the peer's offer may still be on its way */
   FAB_PWIN_GONE = 64,       /* withdrawn keys remembered, to refuse them at once and say why */
+  FAB_PWIN_HELD = 4096,     /* window messages held for a connect that has not read its answer yet */
 };
 
 /* What fab_pwin_find knows of a key it found no window for. */
@@ -54,6 +55,8 @@ typedef struct fab_pwin {
   uint64_t gone[FAB_PWIN_GONE]; /* keys of windows the peer withdrew, the newest last (ep lock) */
   uint32_t ngone;
   uint64_t next_id;     /* our offers' ids */
+  fab_wire_window* held; /* messages that came before the answer to our connect (fab_pwin_hold) */
+  size_t nheld, cap_held;
   /* withdrawals (ep lock): ours, numbered, each answered once the peer has
    * nothing in flight into the window; the peer's, answered the same way */
   uint64_t withdrawals, withdrawals_acked;
@@ -76,6 +79,13 @@ void fab_pwin_apply(fab_comm* c, const fab_wire_window* m);
 /* One of c's one-sided operations completed: a withdrawal waiting for our
  * operations to drain is answered. ep lock held. */
 void fab_pwin_op_done(fab_comm* c);
+/* A window message for send comm c that came before the answer to its
+ * connect (both in one poll): kept until the answer names the peer's comm,
+ * in order, at most FAB_PWIN_HELD of them. ep lock held. */
+void fab_pwin_hold(fab_comm* c, const fab_wire_window* m);
+/* c's connect read the answer: the held messages that name c's connection
+ * are applied, in the order they came, the others dropped. ep lock held. */
+void fab_pwin_release_held(fab_comm* c);
 /* Sends a window message to c's peer. ep lock held. */
 int fab_pwin_send(fab_comm* c, uint16_t op, uint64_t id, uint64_t va, uint64_t addr, uint64_t len, uint64_t key);
 /* The peer window with key that holds [va, va + len), or NULL with *why

@@ -396,6 +396,11 @@ void ft_xchg(ft_peer* p, const char* tag, const void* mine, void* theirs, size_t
 
 void ft_sync(ft_peer* p, const char* tag, int timeout_ms) { ft_xchg(p, tag, NULL, NULL, 0, timeout_ms); }
 
+int ft_peer_sent(ft_peer* p, int timeout_ms) {
+  struct pollfd pfd = {.fd = p->fd, .events = POLLIN};
+  return poll(&pfd, 1, timeout_ms) > 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* patterns                                                                  */
 

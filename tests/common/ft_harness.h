@@ -104,6 +104,9 @@ void ft_recv(ft_peer* p, const char* tag, void* buf, size_t len, int timeout_ms)
 /* Symmetric: send mine, receive the peer's (same length). */
 void ft_xchg(ft_peer* p, const char* tag, const void* mine, void* theirs, size_t len, int timeout_ms);
 void ft_sync(ft_peer* p, const char* tag, int timeout_ms);
+/* 1 when a message (or the peer's end of the channel) is there to read
+ * within timeout_ms; reads nothing. */
+int ft_peer_sent(ft_peer* p, int timeout_ms);
 
 /* The parent waits for the child to exit; returns 1 when it has (status in
  * p->status), 0 on timeout. */

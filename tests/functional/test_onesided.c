@@ -96,6 +96,71 @@ static void skip_unless_rma(void) {
   if (!tp || strcmp(tp, "rdma") != 0) cr_skip_test("one-sided calls need the rdma transport (onesided_properties checks they refuse)");
 }
 
+/* A window the listener registers on its recv comm right after accept:
+ * its offer can reach the connector in the same poll as the answer to the
+ * connect, before the connector's send comm is connected, and must be kept
+ * for it (issue 26 item 10: iwrite "offered no window ... waited 5000 ms"
+ * under load). The connector calls connect until the listener has answered
+ * and offered (on shm its first call delivers the request, so both then
+ * arrive in its next poll), then writes into the window. */
+static void offer_with_answer_body(ft_peer* peer, void* arg) {
+  enum { LEN = 4096 };
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  unsigned char handle[FAB_HANDLE_SIZE];
+  uint64_t seed = ft_seed(77, 1, LEN);
+  if (ft_role() == FT_CHILD) {
+    void *lc = NULL, *rc = NULL, *dh = NULL;
+    FT_OK(s.api->listen(s.ctx, s.dev, handle, &lc));
+    ft_send(peer, "handle", handle, sizeof handle);
+    for (int64_t t0 = ft_now_ms(); !rc && ft_now_ms() - t0 < T_MS;) FT_OK(s.api->accept(lc, &rc, &dh));
+    FT_CHECK(rc != NULL, "no connection accepted within %d ms", T_MS);
+    ft_mr win;
+    win_desc d;
+    window(&s, &win, rc, &d);
+    memset(win.buf, FT_POISON, WIN);
+    ft_send(peer, "window", &d, sizeof d);
+    ft_mr note; /* the writer's word that its write completed; waiting for it progresses this side */
+    ft_mr_alloc(&s, &note, rc, 8);
+    void* data = note.buf;
+    size_t size = 8;
+    int tag = 1;
+    void* req = ft_irecv(&s, rc, 1, &data, &size, &tag, &note.mh, T_MS);
+    ft_wait(&s, req, NULL, T_MS, "the writer's note");
+    ft_verify_or_fail((char*)win.buf + GUARD, LEN, seed, "the window written right after the connect");
+    ft_check_poison(win.buf, GUARD, "before the written range");
+    ft_mr_free(&s, &note);
+    ft_mr_free(&s, &win);
+    FT_OK(s.api->close_recv(rc));
+    FT_OK(s.api->close_listen(lc));
+  } else {
+    void *sc = NULL, *dh = NULL;
+    win_desc d;
+    ft_recv(peer, "handle", handle, sizeof handle, T_MS);
+    int64_t t0 = ft_now_ms();
+    do FT_OK(s.api->connect(s.ctx, s.dev, &s.config, handle, &sc, &dh));
+    while (!sc && !ft_peer_sent(peer, 100) && ft_now_ms() - t0 < T_MS);
+    ft_recv(peer, "window", &d, sizeof d, T_MS);
+    while (!sc && ft_now_ms() - t0 < T_MS) FT_OK(s.api->connect(s.ctx, s.dev, &s.config, handle, &sc, &dh));
+    FT_CHECK(sc != NULL, "connect did not complete within %d ms", T_MS);
+    ft_mr src;
+    ft_mr_alloc(&s, &src, sc, LEN);
+    ft_fill(src.buf, LEN, seed);
+    int w0 = ft_log_warns();
+    POST_AND_WAIT(&s, "iwrite", s.api->iwrite(sc, src.buf, LEN, src.mh, d.addr + GUARD, d.key, request));
+    FT_CHECK(ft_log_warns() == w0, "the write logged a WARN: %s", ft_log_last_warn());
+    ft_isend(&s, sc, src.buf, 8, 1, src.mh, T_MS);
+    ft_mr_free(&s, &src);
+    FT_OK(s.api->close_send(sc));
+  }
+  ft_side_close(&s);
+}
+
+Test(functional, onesided_offer_with_answer, .init = ft_test_init, .timeout = 90) {
+  skip_unless_rma();
+  ft_run_pair("onesided_offer_with_answer", offer_with_answer_body, NULL, 60);
+}
+
 /* iwrite and iread of 0 B .. 64 MiB at odd offsets, both ranks at once. */
 static void sizes_body(ft_peer* peer, void* arg) {
   ft_side s;
