@@ -16,8 +16,9 @@
 #include "fab_core.h"
 
 enum {
-  FAB_WIRE_VERSION = 6, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
-                         * offers, and a handle checked over the bytes in use only; 5: rails; 6: stripes */
+  FAB_WIRE_VERSION = 7, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
+                         * offers, and a handle checked over the bytes in use only; 5: rails; 6: stripes;
+                         * 7: truncation notices (FAB_NOTE_TRUNCATED) */
   FAB_ADDR_MAX = 104, /* endpoint address bytes that fit in the handle */
   FAB_HANDLE_HEADER = 24, /* the handle's bytes before its address */
   FAB_HANDLE_SIZE_V4 = 64, /* what a 64-byte ABI (Neuron v4) carries of the handle */
@@ -114,9 +115,12 @@ typedef struct fab_wire_accept {
  * by id; va carries the withdrawal's number). FAB_WINDOW_ACK answers a
  * withdrawal (va: its number) once no operation of the answering end into the
  * window is in flight. Ordered with the sender's other messages
- * (FI_ORDER_SAS). */
+ * (FI_ORDER_SAS). The same message carries the connection's one notice that
+ * is not about windows: FAB_NOTE_TRUNCATED, from a recv comm to its peer's
+ * send comm, says a message (tag in id) was larger than its receive (va: the
+ * receive's bytes; len: the bytes over, 0 when unknown). */
 #define FAB_WINDOW_MAGIC 0x57424146u /* "FABW" */
-enum { FAB_WINDOW_ADD = 1, FAB_WINDOW_REMOVE = 2, FAB_WINDOW_ACK = 3 };
+enum { FAB_WINDOW_ADD = 1, FAB_WINDOW_REMOVE = 2, FAB_WINDOW_ACK = 3, FAB_NOTE_TRUNCATED = 4 };
 typedef struct fab_wire_window {
   uint32_t magic;
   uint16_t version;

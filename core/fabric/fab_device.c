@@ -430,7 +430,7 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
  * as large as the largest message we let a peer send, reserved but not
  * backed, so it costs address space only until a peer oversteps. */
 static void open_sink(const fab_device* d, fab_domain* dom) {
-  if (!d->local_only || d->mr_local || d->info->rx_attr->iov_limit < 2) return;
+  if (d->mr_local || d->info->rx_attr->iov_limit < 2) return;
   size_t len = fab_g.params.max_p2p_bytes;
   void* p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {

@@ -294,7 +294,7 @@ static fab_result read_error(fab_endpoint* ep) {
     /* Not one of ours (shm reports a peer's failed write into our memory
      * this way when the peer dies): what it affects fails on its own, with
      * its WARN, so this is only information. */
-    char buf[256];
+    char buf[256] = "";
     FAB_INFO(FAB_SUBSYS_NET, "%s/%s reported an error without an operation: %s (%s); ignored",
              fab_device_provider(ep->dev), ep->dev->name, fi_strerror(err.err),
              fi_cq_strerror(ep->cq, err.prov_errno, err.err_data, buf, sizeof(buf)));

@@ -65,7 +65,24 @@ static void withdraw(fab_comm* c, fab_pwin* p, const fab_wire_window* m) {
   answer_withdrawals(c, p);
 }
 
+/* The receiver of a message of ours found it larger than its receive: the
+ * send completed (the provider took the bytes that did not fit into its
+ * overflow), so the comm's next call reports it. */
+static void sender_told_truncated(fab_comm* c, const fab_wire_window* m) {
+  if (c->kind != FAB_OBJ_SEND) return; /* only a recv comm's peer is told */
+  char why[224], over[48] = "";
+  if (m->len) snprintf(over, sizeof(over), " by %llu bytes", (unsigned long long)m->len);
+  snprintf(why, sizeof(why), "the receiver reported a message (tag %d) larger than its %llu-byte receive%s (the two "
+           "ranks disagree on sizes), so the connection is not used further", (int)(uint32_t)m->id,
+           (unsigned long long)m->va, over);
+  fab_comm_fail(c, FAB_ERR_INVALID_USAGE, why);
+}
+
 void fab_pwin_apply(fab_comm* c, const fab_wire_window* m) {
+  if (m->op == FAB_NOTE_TRUNCATED) {
+    sender_told_truncated(c, m);
+    return;
+  }
   fab_pwin* p = fab_pwin_get(c);
   if (!p) {
     fab_comm_fail(c, FAB_ERR_SYSTEM, "out of memory keeping a window the peer offered");

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fab_transport.h"
+#include "fab_wire.h"
 
 void fab_req_first_use(fab_comm* c, fab_req* r) {
   uint32_t idx = (uint32_t)(((char*)r - c->reqs.base) / c->reqs.stride);
@@ -23,6 +24,18 @@ void fab_req_first_use(fab_comm* c, fab_req* r) {
 
 static const char* dir_word(const fab_req* r) { return r->type == FAB_REQ_SEND ? "send" : "receive"; }
 static const char* peer_word(const fab_req* r) { return r->type == FAB_REQ_SEND ? "to" : "from"; }
+
+/* A message on recv comm c was larger than its receive: the sender's send
+ * may have completed (the overflow went into the provider's sink), so its
+ * comm is told (fab_pwin_apply) and fails at its next call. Best effort: a
+ * sender that is gone learns nothing. ep lock held. */
+static void tell_sender_truncated(fab_comm* c, int tag, size_t size, size_t over) {
+  fab_wire_window m;
+  fab_wire_window_encode(&m, FAB_NOTE_TRUNCATED, c->peer_id, c->local_id, c->conn_id, (uint32_t)tag, size, 0, over, 0);
+  int rc = fab_ep_send_ctl(c->ep, c->peer, &m, sizeof(m));
+  if (rc != 0)
+    FAB_INFO(FAB_SUBSYS_NET, "telling %s of a truncated message failed: %s", c->peer_name, fi_strerror(-rc));
+}
 
 size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_err_entry* err) {
   fab_comm* c = r->comm;
@@ -57,12 +70,14 @@ size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_er
              size, tag, c->peer_name, excess);
     got = err->len;
     fab_comm_truncated(c);
+    if (c->kind == FAB_OBJ_RECV) tell_sender_truncated(c, tag, size, err->olen);
   } else {
-    char prov[192];
-    fi_cq_strerror(c->ep->cq, err->prov_errno, err->err_data, prov, sizeof(prov));
+    char buf[192] = "";
+    /* the returned text: a provider may answer with a string of its own and leave buf untouched */
+    const char* prov = fi_cq_strerror(c->ep->cq, err->prov_errno, err->err_data, buf, sizeof(buf));
     r->result = fab_result_from_fi(err->err);
     snprintf(msg, sizeof(msg), "%s of %zu bytes (tag %d) %s %s failed: %s (provider: %s)%s", dir_word(r), size, tag,
-             peer_word(r), c->peer_name, fi_strerror(err->err), prov,
+             peer_word(r), c->peer_name, fi_strerror(err->err), prov && *prov ? prov : "no detail",
              r->result == FAB_ERR_REMOTE ? "; the peer process probably exited or lost its network" : "");
   }
   r->errmsg = strdup(msg);

@@ -190,6 +190,28 @@ Test(wire, connect_and_accept_messages) {
   cr_assert_neq(fab_wire_accept_decode(&a, 0, &ad, why, sizeof(why)), 0);
 }
 
+/* Window messages and the truncation notice they carry: round trip, and
+ * the checks a forged one meets (operation, wrap-around, seal). */
+Test(wire, window_messages_and_truncation_notice) {
+  fab_wire_window w, wd;
+  char why[160];
+  fab_wire_window_encode(&w, FAB_NOTE_TRUNCATED, 3, 4, 5, 17, 4096, 0, 4096, 0);
+  cr_assert_eq(fab_wire_window_decode(&w, sizeof(w), &wd, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(wd.op, FAB_NOTE_TRUNCATED);
+  cr_assert_eq(wd.target_id, 3);
+  cr_assert_eq(wd.id, 17);
+  cr_assert_eq(wd.va, 4096);
+  fab_wire_window_encode(&w, FAB_NOTE_TRUNCATED + 1, 3, 4, 5, 17, 4096, 0, 4096, 0);
+  cr_assert_neq(fab_wire_window_decode(&w, sizeof(w), &wd, why, sizeof(why)), 0, "unknown operation");
+  fab_wire_window_encode(&w, FAB_WINDOW_ADD, 3, 4, 5, 1, UINT64_MAX - 10, 0, 100, 7);
+  cr_assert_neq(fab_wire_window_decode(&w, sizeof(w), &wd, why, sizeof(why)), 0, "a window that wraps around");
+  fab_wire_window_encode(&w, FAB_WINDOW_ADD, 3, 4, 5, 1, 0x1000, 0, 100, 7);
+  cr_assert_eq(fab_wire_window_decode(&w, sizeof(w), &wd, why, sizeof(why)), 0, "%s", why);
+  ((unsigned char*)&w)[40] ^= 1;
+  cr_assert_neq(fab_wire_window_decode(&w, sizeof(w), &wd, why, sizeof(why)), 0, "corrupted message");
+  cr_assert_neq(fab_wire_window_decode(&w, sizeof(w) - 1, &wd, why, sizeof(why)), 0, "short message");
+}
+
 /* Rails: a request names its rail count and rail; rail 0's answer over
  * several rails is followed by the other rails' handles, and its length
  * must say so. */
