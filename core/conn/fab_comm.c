@@ -109,6 +109,31 @@ static int retired_too_long(fab_endpoint* own, int64_t now) {
   return 1;
 }
 
+/* More than FAB_RETIRING_MAX own endpoints retiring on home: the oldest
+ * goes now, sends and all. Each holds a shared-memory region and buffers,
+ * so closing comms mid-transfer faster than their receivers take the sends
+ * would otherwise grow the process by one region per close for
+ * FABRIC_PEER_TIMEOUT_MS. home lock held. */
+static void retire_beyond_cap(fab_endpoint* home) {
+  for (;;) {
+    int n = 0;
+    fab_endpoint* oldest = NULL;
+    FAB_LIST_FOREACH_SAFE(it, tmp, &home->privates) {
+      fab_endpoint* own = FAB_CONTAINER_OF(it, fab_endpoint, private_node);
+      if (!own->retiring) continue;
+      n++;
+      if (!oldest || own->retiring_since_ms < oldest->retiring_since_ms) oldest = own;
+    }
+    if (n <= FAB_RETIRING_MAX) return;
+    FAB_INFO(FAB_SUBSYS_NET, "%s: %d endpoints of closed send comms wait for their sends; the oldest closes with "
+             "them (at most %d wait)", home->dev->name, n, FAB_RETIRING_MAX);
+    oldest->given_up = 1;
+    fab_list_del(&oldest->private_node);
+    fab_ep_nclosing_add(home, -1);
+    fab_endpoint_destroy(oldest);
+  }
+}
+
 /* An own endpoint is destroyed once its closed comm's sends have completed,
  * so a transfer the receiver is still taking in never loses its sending
  * side, or once the receiver left them untaken too long. home lock held (the
@@ -212,6 +237,7 @@ static fab_result close_own_endpoint_comm(fab_comm* c, const char* fn) {
     own->retiring_since_ms = fab_now_ms();
     fab_ep_nclosing_add(home, 1);
     atomic_store_explicit(&home->sweep_every, FAB_SWEEP_EVERY_MIN, memory_order_relaxed);
+    retire_beyond_cap(home);
   }
   pthread_mutex_unlock(&home->lock);
   if (idle) fab_endpoint_destroy(own);

@@ -164,6 +164,7 @@ enum { FAB_ID_PAGE = 1024, FAB_ID_PAGES = 1024 }; /* comm id table: up to 2^20 i
 enum { FAB_CTRL_RX = 16 }; /* untagged receive buffers (connect requests, probes) per endpoint */
 enum { FAB_SWEEP_EVERY_MIN = 64, FAB_SWEEP_EVERY_MAX = 4096 }; /* data polls between sweeps */
 enum { FAB_CLOSE_DRAIN_MS = 1000 }; /* how long an endpoint's destruction waits for its closed comms */
+enum { FAB_RETIRING_MAX = 8 }; /* own endpoints kept for closed comms' sends, per shared endpoint (fab_comm.c) */
 enum { FAB_ANSWER_RETRY_MS = 5000 }; /* how long a listener retries an answer the provider cannot post */
 
 typedef struct fab_av_entry {

@@ -504,6 +504,15 @@ static int shm_region_of(const char* name, pid_t pid) {
   return colons == 1;
 }
 
+int ft_shm_count(pid_t pid) {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  for (struct dirent* e; (e = readdir(d)) != NULL;) n += shm_region_of(e->d_name, pid);
+  closedir(d);
+  return n;
+}
+
 int ft_shm_cleanup(pid_t pid) {
   DIR* d = opendir("/dev/shm");
   if (!d) return 0;

@@ -136,6 +136,8 @@ void ft_free(void* buf, size_t len);
 
 /* Removes /dev/shm/<pid>:<n>:<m> regions of libfabric's shm provider that a
  * dead process with this pid left behind (see ft_harness.c); returns how many. */
+/* How many shared-memory regions process pid holds under /dev/shm. */
+int ft_shm_count(pid_t pid);
 int ft_shm_cleanup(pid_t pid);
 
 /* --- sanitizer helpers ------------------------------------------------------ */

@@ -426,3 +426,63 @@ FT_PAIR_TEST(close_right_after_send, 60) {
   ft_close_all(&s, &c, 1);
   ft_side_close(&s);
 }
+
+/* Send comms closed with a send in flight that nobody receives: on shm each
+ * has an endpoint of its own, kept until its send completes so the receiver
+ * may still take it (issue 26 item 11: memory grew by one shared-memory region
+ * per such close, for FABRIC_PEER_TIMEOUT_MS). At most FAB_RETIRING_MAX (8)
+ * wait; beyond, the oldest closes with its send. The sender's regions are
+ * counted after each close. Only shm gives send comms endpoints of their own. */
+static void closed_with_sends_bounded_body(ft_peer* peer, void* arg) {
+  enum { ROUNDS = 12, LEN = 1 << 20, MAX_REGIONS = 8 + 2 };
+  setenv("FABRIC_PEER_TIMEOUT_MS", "120000", 1); /* nothing retires by time here */
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  unsigned char handle[FAB_HANDLE_SIZE];
+  if (ft_role() == FT_CHILD) {
+    void* lc = NULL;
+    void* rc[ROUNDS] = {0};
+    int n = 0;
+    FT_OK(s.api->listen(s.ctx, s.dev, handle, &lc));
+    ft_send(peer, "handle", handle, sizeof handle);
+    ft_phase("accept, never receive");
+    while (!ft_peer_sent(peer, 0)) {
+      void* dh = NULL;
+      if (n < ROUNDS) FT_OK(s.api->accept(lc, &rc[n], &dh));
+      if (n < ROUNDS && rc[n]) n++;
+      if (n == ROUNDS) usleep(1000);
+    }
+    ft_recv(peer, "done", NULL, 0, T_MS);
+    for (int i = 0; i < n; i++) FT_OK(s.api->close_recv(rc[i]));
+    FT_OK(s.api->close_listen(lc));
+    ft_side_close(&s);
+    return;
+  }
+  ft_recv(peer, "handle", handle, sizeof handle, T_MS);
+  int most = 0;
+  for (int i = 0; i < ROUNDS; i++) {
+    ft_phase("round %d: connect, send, close", i);
+    void *sc = NULL, *dh = NULL;
+    for (int64_t t0 = ft_now_ms(); !sc && ft_now_ms() - t0 < T_MS;)
+      FT_OK(s.api->connect(s.ctx, s.dev, &s.config, handle, &sc, &dh));
+    FT_CHECK(sc != NULL, "connect %d did not complete", i);
+    ft_mr m;
+    ft_mr_alloc(&s, &m, sc, LEN); /* the buffer is never freed: the provider may read it until the end */
+    void* req = ft_isend(&s, sc, m.buf, LEN, 1, m.mh, T_MS);
+    (void)req; /* never received: in flight at the close */
+    FT_OK(s.api->dereg_mr(sc, m.mh));
+    FT_OK(s.api->close_send(sc));
+    int n = ft_shm_count(getpid());
+    if (n > most) most = n;
+  }
+  ft_send(peer, "done", NULL, 0);
+  fprintf(stderr, "[closed_with_sends_bounded] at most %d shared-memory regions of this process\n", most);
+  FT_CHECK(most <= MAX_REGIONS, "this process held %d shared-memory regions after %d closes with a send in flight; at "
+           "most %d expected (8 endpoints waiting for their sends, the device's own, one spare)", most, ROUNDS, MAX_REGIONS);
+  ft_side_close(&s);
+}
+
+Test(functional, closed_with_sends_bounded, .init = ft_test_init, .timeout = 150) {
+  if (!ft_provider_is("shm")) cr_skip_test("only shm gives send comms endpoints of their own");
+  ft_run_pair("closed_with_sends_bounded", closed_with_sends_bounded_body, NULL, 120);
+}
