@@ -70,19 +70,19 @@ typedef struct fab_rma_api {
   fab_result (*finalize)(fab_ctx* ctx);
   fab_result (*devices)(int* ndev);
   fab_result (*get_properties)(int dev, fab_properties* props);
-  fab_result (*get_rma_properties)(void* coll, fab_rma_properties* props); /* v16+ */
+  fab_result (*get_rma_properties)(void* group, fab_rma_properties* props); /* v16+ */
   fab_result (*listen)(fab_ctx* ctx, int dev, void* handle, void** listen_comm);
   fab_result (*connect)(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
-                        void** coll, const volatile uint32_t* abort_flag);
+                        void** group, const volatile uint32_t* abort_flag);
   /* NULL in GIN v11/v12 (pass the comm where a context goes) */
-  fab_result (*create_context)(void* coll, const fab_rma_config* config, void** rma_ctx, void** dev_handle);
-  fab_result (*reg_mr_sym)(void* coll, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle,
+  fab_result (*create_context)(void* group, const fab_rma_config* config, void** rma_ctx, void** dev_handle);
+  fab_result (*reg_mr_sym)(void* group, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle,
                            void** gin_handle);
-  fab_result (*reg_mr_sym_dmabuf)(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
+  fab_result (*reg_mr_sym_dmabuf)(void* group, void* data, size_t size, int type, uint64_t offset, int fd,
                                   uint64_t mr_flags, void** mhandle, void** gin_handle);
-  fab_result (*dereg_mr_sym)(void* coll, void* mhandle);
+  fab_result (*dereg_mr_sym)(void* group, void* mhandle);
   fab_result (*destroy_context)(void* rma_ctx);
-  fab_result (*close_coll)(void* coll);
+  fab_result (*close_group)(void* group);
   fab_result (*close_listen)(void* listen_comm);
   fab_result (*iput)(void* rma_ctx, int context, uint64_t src_off, void* src_mhandle, size_t size, uint64_t dst_off,
                      void* dst_mhandle, uint32_t rank, uint32_t opt_flags, void** request);
@@ -93,7 +93,7 @@ typedef struct fab_rma_api {
   fab_result (*iget)(void* rma_ctx, int context, uint64_t remote_off, void* remote_mhandle, size_t size,
                      uint64_t local_off, void* local_mhandle, uint32_t rank, uint32_t opt_flags, void** request);
   fab_result (*iflush)(void* rma_ctx, int context, void* mhandle, uint32_t rank, void** request);
-  fab_result (*test)(void* coll, void* request, int* done);
+  fab_result (*test)(void* group, void* request, int* done);
   fab_result (*progress)(void* rma_ctx);
   fab_result (*query_last_error)(void* rma_ctx, bool* has_error);
 } fab_rma_api;

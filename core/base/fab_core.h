@@ -201,22 +201,22 @@ fab_result fab_rma_get_properties(int dev, fab_properties* props);
  * place of a context (GIN v11/v12; v12's connectionId picks one).
  * abort_flag (RMA v17+; may be NULL): while the call waits for peers, a
  * non-zero value ends it with an error. */
-fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
-                            void** coll, const volatile uint32_t* abort_flag);
-fab_result fab_coll_rma_properties(void* coll, fab_rma_properties* props);
+fab_result fab_group_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
+                            void** group, const volatile uint32_t* abort_flag);
+fab_result fab_group_rma_properties(void* group, fab_rma_properties* props);
 /* config may be NULL (one context). dev_handle (GIN v13 layout) may be NULL;
  * a proxy plugin writes NULL there. */
-fab_result fab_rma_create_context(void* coll, const fab_rma_config* config, void** rma_ctx, void** dev_handle);
+fab_result fab_rma_create_context(void* group, const fab_rma_config* config, void** rma_ctx, void** dev_handle);
 fab_result fab_rma_destroy_context(void* rma_ctx);
-fab_result fab_close_coll(void* coll);
+fab_result fab_close_group(void* group);
 /* Collective: every rank registers, in the same order; the windows are
  * exchanged inside the call. gin_handle (GIN layouts) may be NULL; it
  * receives the memory handle. */
-fab_result fab_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle,
+fab_result fab_reg_mr_sym(void* group, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle,
                           void** gin_handle);
-fab_result fab_reg_mr_sym_dmabuf(void* coll, void* data, size_t size, int type, uint64_t offset, int fd,
+fab_result fab_reg_mr_sym_dmabuf(void* group, void* data, size_t size, int type, uint64_t offset, int fd,
                                  uint64_t mr_flags, void** mhandle, void** gin_handle);
-fab_result fab_dereg_mr_sym(void* coll, void* mhandle);
+fab_result fab_dereg_mr_sym(void* group, void* mhandle);
 /* rma_ctx: a context from createContext, or the collective comm itself (its
  * own n_contexts). Every operation returns a request to test (never NULL on
  * success). */
@@ -231,7 +231,7 @@ fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* r
                         uint64_t local_off, void* local_mhandle, uint32_t rank, uint32_t opt_flags, void** request);
 /* *request == NULL: nothing earlier to wait for. */
 fab_result fab_rma_iflush(void* rma_ctx, int context, void* mhandle, uint32_t rank, void** request);
-fab_result fab_rma_test(void* coll, void* request, int* done);
+fab_result fab_rma_test(void* group, void* request, int* done);
 fab_result fab_rma_progress(void* rma_ctx);
 fab_result fab_rma_query_last_error(void* rma_ctx, bool* has_error);
 

@@ -392,7 +392,7 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
   /* Where writes can be placed in order at no cost (a provider that reaches
    * other hosts and grants write-after-write ordering: tcp streams do), one-
    * sided groups ask for it and need no per-put completion at the target
-   * (core/onesided/fab_coll.h). Not on intra-host providers: shm gives up its direct
+   * (core/onesided/fab_group.h). Not on intra-host providers: shm gives up its direct
    * copy for RMA when ordering is asked. */
   struct fi_info* ordered = (t->needs.caps & FI_RMA) && remote
                                 ? query_ordered(prov, t, hmem ? hmem_caps : 0, FI_ORDER_WAW, &rc)

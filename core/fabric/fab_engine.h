@@ -341,7 +341,7 @@ struct fab_comm {
   _Atomic uint32_t stall_polls;
   fab_op probe_op;
   fab_op ctl_op; /* the transport's control writes (fab_rma_ctl_write) */
-  /* recv comms of a one-sided group (core/onesided/fab_coll.h): the handler of the
+  /* recv comms of a one-sided group (core/onesided/fab_group.h): the handler of the
    * peer's one-sided writes, set and cleared under the ep lock, and its
    * argument */
   void (*onesided)(struct fab_comm* c, uint32_t low);

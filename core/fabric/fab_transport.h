@@ -95,7 +95,7 @@ struct fab_transport_ops {
   void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);
   /* One-sided writes over a connection (NCCL's RMA groups): the remote CQ
    * data under which a write from send comm c reaches the `onesided` hook of
-   * c's peer recv comm with `low` (a kind and a value, fab_coll_cq_low).
+   * c's peer recv comm with `low` (a kind and a value, fab_group_cq_low).
    * NULL: the transport carries no one-sided writes. */
   uint64_t (*onesided_data)(const fab_comm* c, uint32_t low);
 };

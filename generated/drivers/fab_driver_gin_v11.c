@@ -63,24 +63,24 @@ static fab_result drv_listen(fab_ctx* ctx, int dev, void* handle, void** listen_
   return (fab_result)tbl->listen((void*)ctx, dev, handle, listen_comm);
 }
 
-static fab_result drv_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm, void** coll, const volatile uint32_t* abort_flag) {
-  return (fab_result)tbl->connect((void*)ctx, handles, nranks, rank, listen_comm, coll);
+static fab_result drv_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm, void** group, const volatile uint32_t* abort_flag) {
+  return (fab_result)tbl->connect((void*)ctx, handles, nranks, rank, listen_comm, group);
 }
 
-static fab_result drv_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle, void** gin_handle) {
-  return (fab_result)tbl->regMrSym(coll, data, size, type, mr_flags, mhandle, gin_handle);
+static fab_result drv_reg_mr_sym(void* group, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle, void** gin_handle) {
+  return (fab_result)tbl->regMrSym(group, data, size, type, mr_flags, mhandle, gin_handle);
 }
 
-static fab_result drv_reg_mr_sym_dmabuf(void* coll, void* data, size_t size, int type, uint64_t offset, int fd, uint64_t mr_flags, void** mhandle, void** gin_handle) {
-  return (fab_result)tbl->regMrSymDmaBuf(coll, data, size, type, offset, fd, mr_flags, mhandle, gin_handle);
+static fab_result drv_reg_mr_sym_dmabuf(void* group, void* data, size_t size, int type, uint64_t offset, int fd, uint64_t mr_flags, void** mhandle, void** gin_handle) {
+  return (fab_result)tbl->regMrSymDmaBuf(group, data, size, type, offset, fd, mr_flags, mhandle, gin_handle);
 }
 
-static fab_result drv_dereg_mr_sym(void* coll, void* mhandle) {
-  return (fab_result)tbl->deregMrSym(coll, mhandle);
+static fab_result drv_dereg_mr_sym(void* group, void* mhandle) {
+  return (fab_result)tbl->deregMrSym(group, mhandle);
 }
 
-static fab_result drv_close_coll(void* coll) {
-  return (fab_result)tbl->closeColl(coll);
+static fab_result drv_close_group(void* group) {
+  return (fab_result)tbl->closeColl(group);
 }
 
 static fab_result drv_close_listen(void* listen_comm) {
@@ -95,8 +95,8 @@ static fab_result drv_iput_signal(void* rma_ctx, int context, uint64_t src_off, 
   return (fab_result)tbl->iputSignal(rma_ctx, src_off, src_mhandle, size, dst_off, dst_mhandle, rank, signal_off, signal_mhandle, signal_value, signal_op, request);
 }
 
-static fab_result drv_test(void* coll, void* request, int* done) {
-  return (fab_result)tbl->test(coll, request, done);
+static fab_result drv_test(void* group, void* request, int* done) {
+  return (fab_result)tbl->test(group, request, done);
 }
 
 static fab_result drv_progress(void* rma_ctx) {
@@ -128,7 +128,7 @@ int fab_driver_bind_gin_v11(const void* table, void* out) {
   api->reg_mr_sym_dmabuf = tbl->regMrSymDmaBuf != NULL ? drv_reg_mr_sym_dmabuf : NULL;
   api->dereg_mr_sym = tbl->deregMrSym != NULL ? drv_dereg_mr_sym : NULL;
   api->destroy_context = NULL;
-  api->close_coll = tbl->closeColl != NULL ? drv_close_coll : NULL;
+  api->close_group = tbl->closeColl != NULL ? drv_close_group : NULL;
   api->close_listen = tbl->closeListen != NULL ? drv_close_listen : NULL;
   api->iput = tbl->iput != NULL ? drv_iput : NULL;
   api->iput_signal = tbl->iputSignal != NULL ? drv_iput_signal : NULL;

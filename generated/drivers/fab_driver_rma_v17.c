@@ -59,10 +59,10 @@ static fab_result drv_get_properties(int dev, fab_properties* props) {
   return FAB_OK;
 }
 
-static fab_result drv_get_rma_properties(void* coll, fab_rma_properties* props) {
+static fab_result drv_get_rma_properties(void* group, fab_rma_properties* props) {
   ncclRmaProperties_v16_t rmaProps_abi;
   memset(&rmaProps_abi, 0, sizeof rmaProps_abi);
-  fab_result rc = (fab_result)tbl->getRmaProperties(coll, props != NULL ? &rmaProps_abi : NULL);
+  fab_result rc = (fab_result)tbl->getRmaProperties(group, props != NULL ? &rmaProps_abi : NULL);
   if (rc != FAB_OK) return rc;
   if (props != NULL) {
     props->flushes_all_puts_on_any_signal = rmaProps_abi.flushesAllPutsOnAnySignal;
@@ -74,11 +74,11 @@ static fab_result drv_listen(fab_ctx* ctx, int dev, void* handle, void** listen_
   return (fab_result)tbl->listen((void*)ctx, dev, handle, listen_comm);
 }
 
-static fab_result drv_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm, void** coll, const volatile uint32_t* abort_flag) {
-  return (fab_result)tbl->connect((void*)ctx, handles, nranks, rank, listen_comm, coll, (volatile uint32_t*)abort_flag);
+static fab_result drv_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm, void** group, const volatile uint32_t* abort_flag) {
+  return (fab_result)tbl->connect((void*)ctx, handles, nranks, rank, listen_comm, group, (volatile uint32_t*)abort_flag);
 }
 
-static fab_result drv_create_context(void* coll, const fab_rma_config* config, void** rma_ctx, void** dev_handle) {
+static fab_result drv_create_context(void* group, const fab_rma_config* config, void** rma_ctx, void** dev_handle) {
   ncclRmaConfig_v17_t config_abi;
   ncclRmaConfig_v17_t* config_arg = &config_abi;
   if (config != NULL) {
@@ -90,27 +90,27 @@ static fab_result drv_create_context(void* coll, const fab_rma_config* config, v
   } else {
     config_arg = NULL;
   }
-  return (fab_result)tbl->createContext(coll, config_arg, rma_ctx);
+  return (fab_result)tbl->createContext(group, config_arg, rma_ctx);
 }
 
-static fab_result drv_reg_mr_sym(void* coll, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle, void** gin_handle) {
-  return (fab_result)tbl->regMrSym(coll, data, size, type, mr_flags, mhandle);
+static fab_result drv_reg_mr_sym(void* group, void* data, size_t size, int type, uint64_t mr_flags, void** mhandle, void** gin_handle) {
+  return (fab_result)tbl->regMrSym(group, data, size, type, mr_flags, mhandle);
 }
 
-static fab_result drv_reg_mr_sym_dmabuf(void* coll, void* data, size_t size, int type, uint64_t offset, int fd, uint64_t mr_flags, void** mhandle, void** gin_handle) {
-  return (fab_result)tbl->regMrSymDmaBuf(coll, data, size, type, offset, fd, mr_flags, mhandle);
+static fab_result drv_reg_mr_sym_dmabuf(void* group, void* data, size_t size, int type, uint64_t offset, int fd, uint64_t mr_flags, void** mhandle, void** gin_handle) {
+  return (fab_result)tbl->regMrSymDmaBuf(group, data, size, type, offset, fd, mr_flags, mhandle);
 }
 
-static fab_result drv_dereg_mr_sym(void* coll, void* mhandle) {
-  return (fab_result)tbl->deregMrSym(coll, mhandle);
+static fab_result drv_dereg_mr_sym(void* group, void* mhandle) {
+  return (fab_result)tbl->deregMrSym(group, mhandle);
 }
 
 static fab_result drv_destroy_context(void* rma_ctx) {
   return (fab_result)tbl->destroyContext(rma_ctx);
 }
 
-static fab_result drv_close_coll(void* coll) {
-  return (fab_result)tbl->closeColl(coll);
+static fab_result drv_close_group(void* group) {
+  return (fab_result)tbl->closeColl(group);
 }
 
 static fab_result drv_close_listen(void* listen_comm) {
@@ -133,8 +133,8 @@ static fab_result drv_iflush(void* rma_ctx, int context, void* mhandle, uint32_t
   return (fab_result)tbl->iflush(rma_ctx, context, mhandle, rank, request);
 }
 
-static fab_result drv_test(void* coll, void* request, int* done) {
-  return (fab_result)tbl->test(coll, request, done);
+static fab_result drv_test(void* group, void* request, int* done) {
+  return (fab_result)tbl->test(group, request, done);
 }
 
 static fab_result drv_progress(void* rma_ctx) {
@@ -166,7 +166,7 @@ int fab_driver_bind_rma_v17(const void* table, void* out) {
   api->reg_mr_sym_dmabuf = tbl->regMrSymDmaBuf != NULL ? drv_reg_mr_sym_dmabuf : NULL;
   api->dereg_mr_sym = tbl->deregMrSym != NULL ? drv_dereg_mr_sym : NULL;
   api->destroy_context = tbl->destroyContext != NULL ? drv_destroy_context : NULL;
-  api->close_coll = tbl->closeColl != NULL ? drv_close_coll : NULL;
+  api->close_group = tbl->closeColl != NULL ? drv_close_group : NULL;
   api->close_listen = tbl->closeListen != NULL ? drv_close_listen : NULL;
   api->iput = tbl->iput != NULL ? drv_iput : NULL;
   api->iput_signal = tbl->iputSignal != NULL ? drv_iput_signal : NULL;

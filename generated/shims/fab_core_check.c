@@ -163,16 +163,16 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_init), fab_result (*)(fab_ctx**
                "abi/core.toml: fab_rma_init differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_get_properties), fab_result (*)(int, fab_properties*)),
                "abi/core.toml: fab_rma_get_properties differs from fab_core.h");
-_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_connect), fab_result (*)(fab_ctx*, void**, int, int, int, void*, void**, const volatile uint32_t*)),
-               "abi/core.toml: fab_coll_connect differs from fab_core.h");
-_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_coll_rma_properties), fab_result (*)(void*, fab_rma_properties*)),
-               "abi/core.toml: fab_coll_rma_properties differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_group_connect), fab_result (*)(fab_ctx*, void**, int, int, int, void*, void**, const volatile uint32_t*)),
+               "abi/core.toml: fab_group_connect differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_group_rma_properties), fab_result (*)(void*, fab_rma_properties*)),
+               "abi/core.toml: fab_group_rma_properties differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_create_context), fab_result (*)(void*, const fab_rma_config*, void**, void**)),
                "abi/core.toml: fab_rma_create_context differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_rma_destroy_context), fab_result (*)(void*)),
                "abi/core.toml: fab_rma_destroy_context differs from fab_core.h");
-_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_close_coll), fab_result (*)(void*)),
-               "abi/core.toml: fab_close_coll differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_close_group), fab_result (*)(void*)),
+               "abi/core.toml: fab_close_group differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_reg_mr_sym), fab_result (*)(void*, void*, size_t, int, uint64_t, void**, void**)),
                "abi/core.toml: fab_reg_mr_sym differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_reg_mr_sym_dmabuf), fab_result (*)(void*, void*, size_t, int, uint64_t, int, uint64_t, void**, void**)),
@@ -248,12 +248,12 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->devices), __typeof__(
                "fab_rma_api.devices does not have the signature of fab_devices");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->get_properties), __typeof__(&fab_rma_get_properties)),
                "fab_rma_api.get_properties does not have the signature of fab_rma_get_properties");
-_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->get_rma_properties), __typeof__(&fab_coll_rma_properties)),
-               "fab_rma_api.get_rma_properties does not have the signature of fab_coll_rma_properties");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->get_rma_properties), __typeof__(&fab_group_rma_properties)),
+               "fab_rma_api.get_rma_properties does not have the signature of fab_group_rma_properties");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->listen), __typeof__(&fab_listen)),
                "fab_rma_api.listen does not have the signature of fab_listen");
-_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->connect), __typeof__(&fab_coll_connect)),
-               "fab_rma_api.connect does not have the signature of fab_coll_connect");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->connect), __typeof__(&fab_group_connect)),
+               "fab_rma_api.connect does not have the signature of fab_group_connect");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->create_context), __typeof__(&fab_rma_create_context)),
                "fab_rma_api.create_context does not have the signature of fab_rma_create_context");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->reg_mr_sym), __typeof__(&fab_reg_mr_sym)),
@@ -264,8 +264,8 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->dereg_mr_sym), __type
                "fab_rma_api.dereg_mr_sym does not have the signature of fab_dereg_mr_sym");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->destroy_context), __typeof__(&fab_rma_destroy_context)),
                "fab_rma_api.destroy_context does not have the signature of fab_rma_destroy_context");
-_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->close_coll), __typeof__(&fab_close_coll)),
-               "fab_rma_api.close_coll does not have the signature of fab_close_coll");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->close_group), __typeof__(&fab_close_group)),
+               "fab_rma_api.close_group does not have the signature of fab_close_group");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->close_listen), __typeof__(&fab_close_listen)),
                "fab_rma_api.close_listen does not have the signature of fab_close_listen");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->iput), __typeof__(&fab_rma_iput)),

@@ -55,7 +55,7 @@ static ncclResult_t gin_v11_listen(void* ctx, int dev, void* handle, void** list
 }
 
 static ncclResult_t gin_v11_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm) {
-  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, NULL);
+  return (ncclResult_t)fab_group_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, NULL);
 }
 
 static ncclResult_t gin_v11_regMrSym(void* collComm, void* data, size_t size, int type, uint64_t mrFlags, void** mhandle, void** ginHandle) {
@@ -71,7 +71,7 @@ static ncclResult_t gin_v11_deregMrSym(void* collComm, void* mhandle) {
 }
 
 static ncclResult_t gin_v11_closeColl(void* collComm) {
-  return (ncclResult_t)fab_close_coll(collComm);
+  return (ncclResult_t)fab_close_group(collComm);
 }
 
 static ncclResult_t gin_v11_closeListen(void* listenComm) {

@@ -57,7 +57,7 @@ static ncclResult_t rma_v13_listen(void* ctx, int dev, void* handle, void** list
 }
 
 static ncclResult_t rma_v13_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm) {
-  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, NULL);
+  return (ncclResult_t)fab_group_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, NULL);
 }
 
 static ncclResult_t rma_v13_createContext(void* collComm, ncclGinConfig_v13_t* config, void** rmaCtx, ncclNetDeviceHandle_v11_t** devHandle) {
@@ -92,7 +92,7 @@ static ncclResult_t rma_v13_destroyContext(void* rmaCtx) {
 }
 
 static ncclResult_t rma_v13_closeColl(void* collComm) {
-  return (ncclResult_t)fab_close_coll(collComm);
+  return (ncclResult_t)fab_close_group(collComm);
 }
 
 static ncclResult_t rma_v13_closeListen(void* listenComm) {

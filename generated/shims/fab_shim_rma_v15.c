@@ -57,7 +57,7 @@ static ncclResult_t rma_v15_listen(void* ctx, int dev, void* handle, void** list
 }
 
 static ncclResult_t rma_v15_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm) {
-  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, NULL);
+  return (ncclResult_t)fab_group_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, NULL);
 }
 
 static ncclResult_t rma_v15_createContext(void* collComm, ncclRmaConfig_v15_t* config, void** rmaCtx) {
@@ -92,7 +92,7 @@ static ncclResult_t rma_v15_destroyContext(void* rmaCtx) {
 }
 
 static ncclResult_t rma_v15_closeColl(void* collComm) {
-  return (ncclResult_t)fab_close_coll(collComm);
+  return (ncclResult_t)fab_close_group(collComm);
 }
 
 static ncclResult_t rma_v15_closeListen(void* listenComm) {

@@ -24,7 +24,7 @@ static ncclResult_t rma_v17_getRmaProperties(void* collComm, ncclRmaProperties_v
     return (ncclResult_t)fab_bad_argument("ncclRmaPlugin_v17.getRmaProperties", "rmaProps", 0, "a non-NULL pointer");
   fab_rma_properties rmaProps_core;
   memset(&rmaProps_core, 0, sizeof rmaProps_core);
-  fab_result rc = fab_coll_rma_properties(collComm, &rmaProps_core);
+  fab_result rc = fab_group_rma_properties(collComm, &rmaProps_core);
   if (rc != FAB_OK) return (ncclResult_t)rc;
   memset(rmaProps, 0, sizeof *rmaProps);
   rmaProps->flushesAllPutsOnAnySignal = rmaProps_core.flushes_all_puts_on_any_signal;
@@ -69,7 +69,7 @@ static ncclResult_t rma_v17_listen(void* ctx, int dev, void* handle, void** list
 }
 
 static ncclResult_t rma_v17_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm, volatile uint32_t* abortFlag) {
-  return (ncclResult_t)fab_coll_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, abortFlag);
+  return (ncclResult_t)fab_group_connect((fab_ctx*)ctx, handles, nranks, rank, 1, listenComm, collComm, abortFlag);
 }
 
 static ncclResult_t rma_v17_createContext(void* collComm, ncclRmaConfig_v17_t* config, void** rmaCtx) {
@@ -104,7 +104,7 @@ static ncclResult_t rma_v17_destroyContext(void* rmaCtx) {
 }
 
 static ncclResult_t rma_v17_closeColl(void* collComm) {
-  return (ncclResult_t)fab_close_coll(collComm);
+  return (ncclResult_t)fab_close_group(collComm);
 }
 
 static ncclResult_t rma_v17_closeListen(void* listenComm) {

@@ -161,7 +161,7 @@ static void check_rma_driver(const struct fab_driver_info* d, void* table) {
   cr_expect_str_eq(api.name, "Fabric");
   cr_expect_eq(api.max_handle_size, 128);
   cr_expect(api.init && api.finalize && api.devices && api.get_properties && api.listen && api.connect &&
-                api.reg_mr_sym && api.reg_mr_sym_dmabuf && api.dereg_mr_sym && api.close_coll && api.close_listen &&
+                api.reg_mr_sym && api.reg_mr_sym_dmabuf && api.dereg_mr_sym && api.close_group && api.close_listen &&
                 api.iput && api.iput_signal && api.test && api.progress && api.query_last_error,
             "%s: a required fab_rma_api member is NULL", d->symbol);
   int rma = strcmp(d->family, "rma") == 0; /* GIN v11/v12 proxies have no contexts, gets or flushes */

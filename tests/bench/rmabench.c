@@ -247,7 +247,7 @@ static void plugin_close(bmode* x) {
   ok(x->api.destroy_context(x->rctx), "destroyContext");
   ok(x->api.dereg_mr_sym(x->coll, x->win_mh), "deregMrSym");
   barrier();
-  ok(x->api.close_coll(x->coll), "closeColl");
+  ok(x->api.close_group(x->coll), "closeColl");
   ok(x->api.finalize(x->ctx), "finalize");
 }
 

@@ -235,7 +235,7 @@ static void teardown(rr_ctx* c, grp* g) {
   RR_OK(c->api.dereg_mr_sym(g->coll, g->src_mh));
   RR_OK(c->api.dereg_mr_sym(g->coll, g->sig_mh));
   rr_barrier(c, "deregistered");
-  RR_OK(c->api.close_coll(g->coll));
+  RR_OK(c->api.close_group(g->coll));
   RR_OK(c->api.finalize(g->ctx));
   for (size_t i = 0; i < GUARD; i++) {
     RR_CHECK(g->data_alloc[i] == 0xa5, "byte %zu before the data window was written", GUARD - i);
@@ -528,7 +528,7 @@ static void peer_killed(rr_ctx* c) {
     RR_OK(c->api.query_last_error(g.rctx, &has_error));
     RR_CHECK(has_error, "queryLastError says no error after an operation failed");
   }
-  RR_OK(c->api.close_coll(g.coll)); /* close after a failure: no hang, no crash */
+  RR_OK(c->api.close_group(g.coll)); /* close after a failure: no hang, no crash */
   RR_OK(c->api.finalize(g.ctx));
 }
 

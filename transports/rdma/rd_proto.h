@@ -15,7 +15,7 @@ enum {
   RD_EAGER_SLOTS = 14,  /* eager ring slots per recv comm (a credit map that fits the narrow format) */
   RD_NO_ENTRY = 0xffff, /* CTRL: credits only, no announcement */
   RD_ACK_SLOT = 0x3ff,  /* EAGER: an acknowledgement, no message */
-  RD_ONESIDED_SLOT = 0x3fe, /* DATA: a one-sided write of a group (core/onesided/fab_coll.h); the low
+  RD_ONESIDED_SLOT = 0x3fe, /* DATA: a one-sided write of a group (core/onesided/fab_group.h); the low
                              * bits are that engine's */
   RD_SCRATCH = 64,      /* bytes past the mailbox and the ring that credit and acknowledgement
                          * writes land in (8 bytes each: 0-byte RMA writes crashed rxm's target

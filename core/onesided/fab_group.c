@@ -1,6 +1,6 @@
 /* A one-sided group: collective connect, the all-to-all exchange its
- * collective calls use, progress, close. See fab_coll.h. */
-#include "fab_coll.h"
+ * collective calls use, progress, close. See fab_group.h. */
+#include "fab_group.h"
 
 #include <sched.h>
 #include <stdio.h>
@@ -20,17 +20,17 @@ typedef struct coll_hello {
   uint32_t token;
   uint64_t ring_addr, ring_key, ring_len;
   uint32_t check;
-  uint32_t ordered; /* 1: this rank's puts are plain ordered writes (fab_coll.h) */
+  uint32_t ordered; /* 1: this rank's puts are plain ordered writes (fab_group.h) */
   uint32_t reserved[4];
 } coll_hello;
-_Static_assert(sizeof(coll_hello) == FAB_COLL_XCHG_BYTES, "coll_hello is one exchange part");
+_Static_assert(sizeof(coll_hello) == FAB_GROUP_XCHG_BYTES, "coll_hello is one exchange part");
 
 static uint32_t hello_check(const coll_hello* h) {
   return h->magic ^ (uint32_t)h->rank ^ (uint32_t)h->nranks ^ h->token ^ (uint32_t)h->ring_addr ^
          (uint32_t)h->ring_key ^ (uint32_t)h->ring_len ^ h->ordered ^ 0x4f4c4c48u;
 }
 
-static void add_ep(fab_coll* g, fab_endpoint* ep) {
+static void add_ep(fab_group* g, fab_endpoint* ep) {
   for (int i = 0; i < g->neps; i++)
     if (g->eps[i] == ep) return;
   if (g->neps < (int)FAB_ARRAY_SIZE(g->eps)) g->eps[g->neps++] = ep;
@@ -40,93 +40,93 @@ static void add_ep(fab_coll* g, fab_endpoint* ep) {
 
 /* Every peer's send comm (connect) and as many recv comms (accept), in
  * arrival order: which rank each one is comes with its hello. */
-static fab_result handshake(fab_coll* g, fab_listener* l, void** handles, void** accepted, const char* fn) {
+static fab_result handshake(fab_group* g, fab_listener* l, void** handles, void** accepted, const char* fn) {
   int64_t deadline = fab_now_ms() + fab_g.params.connect_timeout_ms;
   int nacc = 0, nconn = 0, want = g->nranks - 1;
   while (nacc < want || nconn < want) {
     for (int r = 0; r < g->nranks; r++) {
-      fab_coll_peer* p = &g->peers[r];
+      fab_group_peer* p = &g->peers[r];
       if (r == g->rank || p->send_h) continue;
       fab_result rc = fab_conn_connect(l->owner->is_process ? NULL : l->owner->handle, l->dev->index, NULL, handles[r], 1, 0, &p->send_h);
       if (rc != FAB_OK) {
         char why[128];
         snprintf(why, sizeof(why), "connecting to rank %d failed (see the WARN above)", r);
-        return fab_coll_fail(g, rc, fn, why);
+        return fab_group_fail(g, rc, fn, why);
       }
       if (p->send_h) nconn++;
     }
     while (nacc < want) {
       fab_result rc = fab_conn_accept(l->handle, &accepted[nacc]);
-      if (rc != FAB_OK) return fab_coll_fail(g, rc, fn, "accepting a peer failed (see the WARN above)");
+      if (rc != FAB_OK) return fab_group_fail(g, rc, fn, "accepting a peer failed (see the WARN above)");
       if (!accepted[nacc]) break;
       nacc++;
     }
-    if ((nacc < want || nconn < want) && fab_coll_aborted(g)) return fab_coll_fail_aborted(g, fn);
+    if ((nacc < want || nconn < want) && fab_group_aborted(g)) return fab_group_fail_aborted(g, fn);
     if (fab_now_ms() > deadline && (nacc < want || nconn < want)) {
       char why[192];
       snprintf(why, sizeof(why), "after FABRIC_CONNECT_TIMEOUT_MS (%d ms) %d of %d peers connected and %d of %d "
                "accepted; every rank must call connect with the same handles", fab_g.params.connect_timeout_ms,
                nconn, want, nacc, want);
-      return fab_coll_fail(g, FAB_ERR_REMOTE, fn, why);
+      return fab_group_fail(g, FAB_ERR_REMOTE, fn, why);
     }
     if (nacc < want || nconn < want) sched_yield();
   }
   return FAB_OK;
 }
 
-static fab_result make_ring(fab_coll* g, fab_coll_peer* p, const char* fn) {
-  size_t len = FAB_COLL_RING * sizeof(fab_coll_sig) + FAB_COLL_SCRATCH;
+static fab_result make_ring(fab_group* g, fab_group_peer* p, const char* fn) {
+  size_t len = FAB_GROUP_RING * sizeof(fab_group_sig) + FAB_GROUP_SCRATCH;
   p->ring_mem = aligned_alloc(64, len);
-  p->put_seen = calloc(FAB_COLL_PUT_WINDOW / 64, sizeof(uint64_t));
-  if (!p->ring_mem || !p->put_seen) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
+  p->put_seen = calloc(FAB_GROUP_PUT_WINDOW / 64, sizeof(uint64_t));
+  if (!p->ring_mem || !p->put_seen) return fab_group_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
   memset(p->ring_mem, 0, len);
   int rc = fab_rma_buf_reg(g->target_ep, p->ring_mem, len, FI_REMOTE_WRITE, &p->ring_reg);
   if (rc != 0) {
     char why[160];
     snprintf(why, sizeof(why), "registering a signal ring failed: %s", fi_strerror(-rc));
-    return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, why);
+    return fab_group_fail(g, FAB_ERR_SYSTEM, fn, why);
   }
   return FAB_OK;
 }
 
 /* Our hello to each peer: who we are and where its signal records go. */
-static fab_result write_hellos(fab_coll* g, const char* fn) {
+static fab_result write_hellos(fab_group* g, const char* fn) {
   for (int r = 0; r < g->nranks; r++) {
     if (r == g->rank) continue;
-    fab_coll_peer* p = &g->peers[r];
+    fab_group_peer* p = &g->peers[r];
     fab_result rc = make_ring(g, p, fn);
     if (rc != FAB_OK) return rc;
     coll_hello h = {.magic = HELLO_MAGIC, .rank = g->rank, .nranks = g->nranks, .token = g->token,
                     .ring_addr = p->ring_reg.win.addr, .ring_key = p->ring_reg.win.key,
                     .ring_len = p->ring_reg.win.len, .ordered = (uint32_t)g->ordered};
     h.check = hello_check(&h);
-    memcpy(fab_coll_part_out(g, r), &h, sizeof(h));
+    memcpy(fab_group_part_out(g, r), &h, sizeof(h));
   }
   return FAB_OK;
 }
 
 /* The hello in part_in(r) came in on slot[r], a recv comm not yet matched
  * to a rank: the hello says which rank it is. */
-static fab_result read_hellos(fab_coll* g, void** slot, const char* fn) {
+static fab_result read_hellos(fab_group* g, void** slot, const char* fn) {
   for (int r = 0; r < g->nranks; r++) {
     if (r == g->rank) continue;
     coll_hello h;
-    memcpy(&h, fab_coll_part_in(g, r), sizeof(h));
+    memcpy(&h, fab_group_part_in(g, r), sizeof(h));
     if (h.magic != HELLO_MAGIC || h.check != hello_check(&h) || h.nranks != g->nranks || h.rank < 0 ||
         h.rank >= g->nranks || h.rank == g->rank || g->peers[h.rank].recv_h) {
       char why[192];
       snprintf(why, sizeof(why), "a peer's hello is malformed or names rank %d of %d (we are rank %d of %d); every "
                "rank must pass the same handles and its own rank", h.rank, h.nranks, g->rank, g->nranks);
-      return fab_coll_fail(g, FAB_ERR_REMOTE, fn, why);
+      return fab_group_fail(g, FAB_ERR_REMOTE, fn, why);
     }
     if (h.ordered != (uint32_t)g->ordered) {
       char why[192];
       snprintf(why, sizeof(why), "rank %d %s its writes in order and this rank %s: the ranks run different "
                "providers or plugin builds; use the same everywhere", h.rank, h.ordered ? "has" : "has not",
                g->ordered ? "has" : "has not");
-      return fab_coll_fail(g, FAB_ERR_INVALID_USAGE, fn, why);
+      return fab_group_fail(g, FAB_ERR_INVALID_USAGE, fn, why);
     }
-    fab_coll_peer* p = &g->peers[h.rank];
+    fab_group_peer* p = &g->peers[h.rank];
     p->recv_h = slot[r];
     p->token = h.token;
     p->ring = (fab_window){.addr = h.ring_addr, .len = h.ring_len, .key = h.ring_key};
@@ -135,48 +135,48 @@ static fab_result read_hellos(fab_coll* g, void** slot, const char* fn) {
 }
 
 /* Resolves the comms, and hooks the recv comms up to the target side. */
-static fab_result bind_peers(fab_coll* g, const char* fn) {
+static fab_result bind_peers(fab_group* g, const char* fn) {
   for (int r = 0; r < g->nranks; r++) {
     if (r == g->rank) continue;
-    fab_coll_peer* p = &g->peers[r];
+    fab_group_peer* p = &g->peers[r];
     p->sc = fab_obj_get(p->send_h, FAB_OBJ_SEND);
     p->rc = fab_obj_get(p->recv_h, FAB_OBJ_RECV);
     if (!p->sc || !p->rc || p->rc->ep != g->target_ep)
-      return fab_coll_fail(g, FAB_ERR_INTERNAL, fn, "a peer's comm is not where the group expects it");
+      return fab_group_fail(g, FAB_ERR_INTERNAL, fn, "a peer's comm is not where the group expects it");
     add_ep(g, p->sc->ep);
     if (p->sc->home) add_ep(g, p->sc->home);
     pthread_mutex_lock(&g->target_ep->lock);
     p->rc->onesided_arg = p;
-    p->rc->onesided = fab_coll_target_landed;
+    p->rc->onesided = fab_group_target_landed;
     pthread_mutex_unlock(&g->target_ep->lock);
   }
   return FAB_OK;
 }
 
-static fab_result hello(fab_coll* g, void** accepted, const char* fn) {
+static fab_result hello(fab_group* g, void** accepted, const char* fn) {
   fab_result rc = write_hellos(g, fn);
   if (rc != FAB_OK) return rc;
   /* the recv comms are not matched to ranks yet: slot r takes any one */
   void** slot = calloc((size_t)(unsigned)g->nranks, sizeof(void*));
-  if (!slot) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
+  if (!slot) return fab_group_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
   for (int r = 0, i = 0; r < g->nranks; r++)
     if (r != g->rank) slot[r] = accepted[i++];
-  rc = fab_coll_exchange_on(g, slot, HELLO_TAG, fn);
+  rc = fab_group_exchange_on(g, slot, HELLO_TAG, fn);
   if (rc == FAB_OK) rc = read_hellos(g, slot, fn);
   free(slot);
   if (rc == FAB_OK) rc = bind_peers(g, fn);
   return rc;
 }
 
-static fab_result coll_setup(fab_coll* g, fab_listener* l, void** handles, const char* fn) {
-  size_t xlen = (size_t)2 * g->nranks * FAB_COLL_XCHG_BYTES;
+static fab_result coll_setup(fab_group* g, fab_listener* l, void** handles, const char* fn) {
+  size_t xlen = (size_t)2 * g->nranks * FAB_GROUP_XCHG_BYTES;
   g->xchg_buf = calloc(1, xlen);
-  if (!g->xchg_buf) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
+  if (!g->xchg_buf) return fab_group_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
   fab_result rc = fab_mr_register_on(l->dev, l->ep, g->xchg_buf, xlen, FAB_PTR_HOST, 0, -1, &g->xchg_mh, fn);
-  if (rc != FAB_OK) return fab_coll_fail(g, rc, fn, "registering the exchange buffer failed");
+  if (rc != FAB_OK) return fab_group_fail(g, rc, fn, "registering the exchange buffer failed");
   if (g->nranks == 1) return FAB_OK;
   void** accepted = calloc((size_t)g->nranks, sizeof(void*));
-  if (!accepted) return fab_coll_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
+  if (!accepted) return fab_group_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
   rc = handshake(g, l, handles, accepted, fn);
   if (rc == FAB_OK) rc = hello(g, accepted, fn);
   /* comms not adopted by a peer (a failed hello) are closed here */
@@ -189,12 +189,12 @@ static fab_result coll_setup(fab_coll* g, fab_listener* l, void** handles, const
   return rc;
 }
 
-static void coll_destroy(fab_coll* g);
+static void coll_destroy(fab_group* g);
 
-static fab_result connect_args(void** handles, int nranks, int rank, void* listen_comm, void** coll,
+static fab_result connect_args(void** handles, int nranks, int rank, void* listen_comm, void** group,
                                fab_listener** l) {
-  if (!coll) return fab_bad_argument("connect", "collComm", 0, "a non-NULL pointer");
-  *coll = NULL;
+  if (!group) return fab_bad_argument("connect", "collComm", 0, "a non-NULL pointer");
+  *group = NULL;
   if (!handles) return fab_bad_argument("connect", "handles", 0, "an array of nranks handles");
   if (nranks < 1) return fab_bad_argument("connect", "nranks", nranks, "at least 1");
   if (rank < 0 || rank >= nranks) return fab_bad_argument("connect", "rank", rank, "0..nranks-1");
@@ -214,16 +214,16 @@ static fab_result connect_args(void** handles, int nranks, int rank, void* liste
   return FAB_OK;
 }
 
-fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
-                            void** coll, const volatile uint32_t* abort_flag) {
+fab_result fab_group_connect(fab_ctx* ctx, void** handles, int nranks, int rank, int n_contexts, void* listen_comm,
+                            void** group, const volatile uint32_t* abort_flag) {
   (void)ctx; /* NCCL passes its net context here, not the RMA one listen got: the listen comm's context owns it */
   fab_listener* l = NULL;
-  fab_result rc = connect_args(handles, nranks, rank, listen_comm, coll, &l);
+  fab_result rc = connect_args(handles, nranks, rank, listen_comm, group, &l);
   if (rc != FAB_OK) return rc;
-  if (n_contexts < 1 || n_contexts > FAB_COLL_MAX_CONTEXTS)
+  if (n_contexts < 1 || n_contexts > FAB_GROUP_MAX_CONTEXTS)
     return fab_bad_argument("connect", "nConnections", n_contexts, "1..256");
-  fab_coll* g = calloc(1, sizeof(*g));
-  fab_coll_peer* peers = calloc((size_t)nranks, sizeof(*peers));
+  fab_group* g = calloc(1, sizeof(*g));
+  fab_group_peer* peers = calloc((size_t)nranks, sizeof(*peers));
   if (!g || !peers) {
     free(g);
     free(peers);
@@ -248,18 +248,18 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
   fab_list_init(&g->owned);
   add_ep(g, l->ep);
   for (int r = 0; r < nranks; r++) {
-    peers[r].coll = g;
+    peers[r].group = g;
     peers[r].rank = r;
     fab_list_init(&peers[r].waiting);
     fab_list_init(&peers[r].staging);
-    fab_op_init(&peers[r].ack_op, fab_coll_ack_done, &peers[r], 0);
+    fab_op_init(&peers[r].ack_op, fab_group_ack_done, &peers[r], 0);
   }
-  fab_coll_register(g);
+  fab_group_register(g);
   rc = coll_setup(g, l, handles, "connect");
   g->abort_flag = NULL; /* NCCL's flag is for this call; later collective calls have no such promise */
   if (rc == FAB_OK) {
     g->handle = fab_obj_add(FAB_OBJ_COLL, g);
-    if (!g->handle) rc = fab_coll_fail(g, FAB_ERR_SYSTEM, "connect", "handle table full");
+    if (!g->handle) rc = fab_group_fail(g, FAB_ERR_SYSTEM, "connect", "handle table full");
   }
   if (rc != FAB_OK) {
     coll_destroy(g);
@@ -267,23 +267,23 @@ fab_result fab_coll_connect(fab_ctx* ctx, void** handles, int nranks, int rank, 
   }
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "RMA group of %d ranks connected on %s (rank %d)", nranks, g->dev->name,
            rank);
-  *coll = g->handle;
+  *group = g->handle;
   return FAB_OK;
 }
 
 /* --- close ---------------------------------------------------------------------------- */
 
-static void coll_destroy(fab_coll* g) {
-  fab_coll_unregister(g); /* no other group's progress reaches it from here on */
+static void coll_destroy(fab_group* g) {
+  fab_group_unregister(g); /* no other group's progress reaches it from here on */
   int64_t deadline = fab_now_ms() + FAB_CLOSE_DRAIN_MS;
-  while (fab_coll_busy(g) && fab_now_ms() < deadline) {
-    fab_coll_poll(g);
+  while (fab_group_busy(g) && fab_now_ms() < deadline) {
+    fab_group_poll(g);
     sched_yield();
   }
-  int leak = fab_coll_busy(g); /* the provider may still write into requests: keep them */
+  int leak = fab_group_busy(g); /* the provider may still write into requests: keep them */
   pthread_mutex_lock(&g->target_ep->lock);
   for (int r = 0; r < g->nranks; r++) {
-    fab_coll_peer* p = &g->peers[r];
+    fab_group_peer* p = &g->peers[r];
     if (p->rc) {
       p->rc->onesided = NULL;
       p->rc->onesided_arg = NULL;
@@ -291,7 +291,7 @@ static void coll_destroy(fab_coll* g) {
     if (p->ring_reg.mr) fab_rma_buf_retire(g->target_ep, &p->ring_reg, p->ring_mem); /* the peer may still write */
     else free(p->ring_mem);
   }
-  fab_coll_stage_free(g, leak);
+  fab_group_stage_free(g, leak);
   pthread_mutex_unlock(&g->target_ep->lock);
   for (int r = 0; r < g->nranks; r++) free(g->peers[r].put_seen); /* no handler reaches them any more */
   for (int r = 0; r < g->nranks; r++) {
@@ -302,10 +302,10 @@ static void coll_destroy(fab_coll* g) {
     if (g->wins[i]) {
       FAB_INFO(FAB_SUBSYS_NET, "closeColl: symmetric registration %u was not deregistered; releasing it", i);
       fab_obj_remove(g->wins[i]->handle, FAB_OBJ_COLL_WIN);
-      fab_coll_win_free(g->wins[i]);
+      fab_group_win_free(g->wins[i]);
     }
   free(g->wins);
-  fab_coll_ctxs_drop(g);
+  fab_group_ctxs_drop(g);
   if (g->xchg_mh) fab_mr_deregister(g->xchg_mh);
   free(g->xchg_buf);
   if (leak) {
@@ -313,7 +313,7 @@ static void coll_destroy(fab_coll* g) {
              FAB_CLOSE_DRAIN_MS);
     return;
   }
-  fab_coll_reqs_free(g);
+  fab_group_reqs_free(g);
   pthread_mutex_destroy(&g->lock);
   pthread_mutex_destroy(&g->xchg_lock);
   free(g->peers);
@@ -321,24 +321,24 @@ static void coll_destroy(fab_coll* g) {
   free(g);
 }
 
-fab_result fab_close_coll(void* coll) {
-  fab_coll* g = fab_coll_get(coll, "closeColl");
+fab_result fab_close_group(void* group) {
+  fab_group* g = fab_group_get(group, "closeColl");
   if (!g) return FAB_ERR_INTERNAL;
-  fab_obj_remove(coll, FAB_OBJ_COLL);
+  fab_obj_remove(group, FAB_OBJ_COLL);
   coll_destroy(g);
   return FAB_OK;
 }
 
-fab_result fab_coll_rma_properties(void* coll, fab_rma_properties* props) {
+fab_result fab_group_rma_properties(void* group, fab_rma_properties* props) {
   if (!props) return fab_bad_argument("getRmaProperties", "rmaProps", 0, "a non-NULL pointer");
-  fab_coll* g = fab_coll_get(coll, "getRmaProperties");
+  fab_group* g = fab_group_get(group, "getRmaProperties");
   if (!g) return FAB_ERR_INTERNAL;
   /* a signal waits for its own source's puts only, not for every peer's */
   props->flushes_all_puts_on_any_signal = false;
   return FAB_OK;
 }
 
-void fab_coll_win_free(fab_coll_win* w) {
+void fab_group_win_free(fab_group_win* w) {
   if (w->mr_handle) fab_mr_deregister(w->mr_handle); /* a staged window has none */
   if (w->gpu) fab_devcopy_forget((void*)w->base, w->len);
   free(w->remote);
@@ -349,9 +349,9 @@ void fab_coll_win_free(fab_coll_win* w) {
   free(w);
 }
 
-void fab_coll_ctxs_drop(fab_coll* g) {
+void fab_group_ctxs_drop(fab_group* g) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &g->ctxs) {
-    fab_coll_ctx* x = FAB_CONTAINER_OF(it, fab_coll_ctx, node);
+    fab_group_ctx* x = FAB_CONTAINER_OF(it, fab_group_ctx, node);
     FAB_INFO(FAB_SUBSYS_NET, "closeColl: an RMA context was not destroyed; it is invalid from now on");
     fab_obj_remove(x->handle, FAB_OBJ_COLL_CTX);
     fab_list_del(&x->node);

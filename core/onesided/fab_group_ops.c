@@ -1,12 +1,12 @@
 /* One-sided operations of a group: requests, put / put-with-signal / get /
  * flush / test, and the target side that counts puts and applies signals.
- * See fab_coll.h for the protocol. */
+ * See fab_group.h for the protocol. */
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fab_coll.h"
+#include "fab_group.h"
 #include "fab_devcopy.h"
 #include "fab_req.h"
 #include "fab_transport.h"
@@ -15,14 +15,14 @@ enum { REQ_MAGIC = 0x52524551 };
 
 typedef struct req_chunk {
   fab_list node;
-  fab_coll_req reqs[FAB_COLL_REQ_CHUNK];
+  fab_group_req reqs[FAB_GROUP_REQ_CHUNK];
 } req_chunk;
 
 static void op_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
 
 /* --- progress ----------------------------------------------------------------------- */
 
-fab_result fab_coll_poll(fab_coll* g) {
+fab_result fab_group_poll(fab_group* g) {
   for (int i = 0; i < g->neps; i++) {
     fab_result rc = fab_ep_poll(g->eps[i]);
     if (rc != FAB_OK) return rc;
@@ -30,10 +30,10 @@ fab_result fab_coll_poll(fab_coll* g) {
   return FAB_OK;
 }
 
-static fab_result progress_locked(fab_coll* g) {
-  fab_result rc = fab_coll_poll(g);
-  if (rc != FAB_OK) return fab_coll_fail(g, rc, "rmaProgress", "its endpoint's completion queue failed");
-  return fab_coll_post_waiting(g);
+static fab_result progress_locked(fab_group* g) {
+  fab_result rc = fab_group_poll(g);
+  if (rc != FAB_OK) return fab_group_fail(g, rc, "rmaProgress", "its endpoint's completion queue failed");
+  return fab_group_post_waiting(g);
 }
 
 /* Every live group of the process: every 16th progress of a group, and
@@ -46,13 +46,13 @@ static fab_result progress_locked(fab_coll* g) {
 static pthread_mutex_t groups_lock = PTHREAD_MUTEX_INITIALIZER;
 static fab_list groups = {&groups, &groups};
 
-void fab_coll_register(fab_coll* g) {
+void fab_group_register(fab_group* g) {
   pthread_mutex_lock(&groups_lock);
   fab_list_push(&groups, &g->live);
   pthread_mutex_unlock(&groups_lock);
 }
 
-void fab_coll_unregister(fab_coll* g) {
+void fab_group_unregister(fab_group* g) {
   pthread_mutex_lock(&groups_lock);
   fab_list_del(&g->live);
   pthread_mutex_unlock(&groups_lock);
@@ -60,13 +60,13 @@ void fab_coll_unregister(fab_coll* g) {
 
 /* Posts the due work of the other groups whose lock is free (never waits
  * for one: the caller may hold its own). */
-static void serve_others(fab_coll* self) {
+static void serve_others(fab_group* self) {
   if (pthread_mutex_trylock(&groups_lock) != 0) return;
   FAB_LIST_FOREACH_SAFE(it, tmp, &groups) {
-    fab_coll* h = FAB_CONTAINER_OF(it, fab_coll, live);
+    fab_group* h = FAB_CONTAINER_OF(it, fab_group, live);
     if (h == self || !atomic_load_explicit(&h->due, memory_order_acquire)) continue;
     if (pthread_mutex_trylock(&h->lock) != 0) continue;
-    fab_coll_post_waiting(h); /* no polling: whoever polls dispatches, and a second poll of shared endpoints
+    fab_group_post_waiting(h); /* no polling: whoever polls dispatches, and a second poll of shared endpoints
                                * cost shm a third of its bandwidth */
     pthread_mutex_unlock(&h->lock);
   }
@@ -75,29 +75,29 @@ static void serve_others(fab_coll* self) {
 
 /* Polling needs no lock; posting waiting records and acknowledgements does,
  * and is only done when something flagged it due. */
-fab_result fab_coll_progress(fab_coll* g) {
-  fab_result rc = fab_coll_poll(g);
-  if (rc != FAB_OK) return fab_coll_fail(g, rc, "rmaProgress", "its endpoint's completion queue failed");
+fab_result fab_group_progress(fab_group* g) {
+  fab_result rc = fab_group_poll(g);
+  if (rc != FAB_OK) return fab_group_fail(g, rc, "rmaProgress", "its endpoint's completion queue failed");
   uint32_t n = atomic_load_explicit(&g->progress_calls, memory_order_relaxed) + 1;
   atomic_store_explicit(&g->progress_calls, n, memory_order_relaxed);
-  if (n % FAB_COLL_SERVE_OTHERS_EVERY == 0) serve_others(g);
+  if (n % FAB_GROUP_SERVE_OTHERS_EVERY == 0) serve_others(g);
   if (!atomic_load_explicit(&g->due, memory_order_acquire)) return FAB_OK;
   pthread_mutex_lock(&g->lock);
-  rc = fab_coll_post_waiting(g);
+  rc = fab_group_post_waiting(g);
   pthread_mutex_unlock(&g->lock);
   return rc;
 }
 
 /* --- requests (g->lock) ------------------------------------------------------------- */
 
-static fab_coll_req* req_get(fab_coll* g, fab_coll_peer* p, int nops) {
+static fab_group_req* req_get(fab_group* g, fab_group_peer* p, int nops) {
   if (fab_list_empty(&g->free_reqs)) {
     req_chunk* ch = calloc(1, sizeof(*ch));
     if (!ch) return NULL;
     fab_list_push(&g->chunks, &ch->node);
-    for (int i = 0; i < FAB_COLL_REQ_CHUNK; i++) {
+    for (int i = 0; i < FAB_GROUP_REQ_CHUNK; i++) {
       ch->reqs[i].magic = REQ_MAGIC;
-      ch->reqs[i].coll = g;
+      ch->reqs[i].group = g;
       fab_op_init(&ch->reqs[i].ops[0], op_done, &ch->reqs[i], 0);
       fab_op_init(&ch->reqs[i].ops[1], op_done, &ch->reqs[i], 1);
       fab_list_push(&g->free_reqs, &ch->reqs[i].node);
@@ -105,8 +105,8 @@ static fab_coll_req* req_get(fab_coll* g, fab_coll_peer* p, int nops) {
   }
   fab_list* n = fab_list_pop(&g->free_reqs);
   if (!n) return NULL;
-  fab_coll_req* r = FAB_CONTAINER_OF(n, fab_coll_req, node);
-  r->state = FAB_COLL_REQ_ACTIVE;
+  fab_group_req* r = FAB_CONTAINER_OF(n, fab_group_req, node);
+  r->state = FAB_GROUP_REQ_ACTIVE;
   r->flush = 0;
   r->st_get = 0;
   r->peer = p;
@@ -117,23 +117,23 @@ static fab_coll_req* req_get(fab_coll* g, fab_coll_peer* p, int nops) {
   return r;
 }
 
-static void req_put(fab_coll_req* r) {
-  r->state = FAB_COLL_REQ_FREE;
-  fab_list_push(&r->coll->free_reqs, &r->node);
+static void req_put(fab_group_req* r) {
+  r->state = FAB_GROUP_REQ_FREE;
+  fab_list_push(&r->group->free_reqs, &r->node);
 }
 
-int fab_coll_busy(fab_coll* g) {
+int fab_group_busy(fab_group* g) {
   for (int i = 0; i < g->nranks; i++) /* an acknowledgement write's completion names its peer */
     if (atomic_load_explicit(&g->peers[i].ack_inflight, memory_order_acquire)) return 1;
   FAB_LIST_FOREACH_SAFE(it, tmp, &g->chunks) {
     req_chunk* ch = FAB_CONTAINER_OF(it, req_chunk, node);
-    for (int i = 0; i < FAB_COLL_REQ_CHUNK; i++)
-      if (ch->reqs[i].state != FAB_COLL_REQ_FREE && atomic_load(&ch->reqs[i].pending) > 0) return 1;
+    for (int i = 0; i < FAB_GROUP_REQ_CHUNK; i++)
+      if (ch->reqs[i].state != FAB_GROUP_REQ_FREE && atomic_load(&ch->reqs[i].pending) > 0) return 1;
   }
   return 0;
 }
 
-void fab_coll_reqs_free(fab_coll* g) {
+void fab_group_reqs_free(fab_group* g) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &g->chunks) {
     fab_list_del(it);
     free(FAB_CONTAINER_OF(it, req_chunk, node));
@@ -142,13 +142,13 @@ void fab_coll_reqs_free(fab_coll* g) {
 
 static void op_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   (void)done;
-  fab_coll_req* r = op->owner;
-  fab_coll_req_op_over(r, err ? err->err : 0, op->index ? "a signal" : "a one-sided operation");
+  fab_group_req* r = op->owner;
+  fab_group_req_op_over(r, err ? err->err : 0, op->index ? "a signal" : "a one-sided operation");
 }
 
 /* An operation that could not be posted: it counts as done and failed, and
  * test reports it (one WARN there, naming fn's operation). */
-static fab_result not_posted(fab_coll_req* r, int i, ssize_t rc, const char* fn) {
+static fab_result not_posted(fab_group_req* r, int i, ssize_t rc, const char* fn) {
   fab_result res = fab_result_from_fi((int)-rc);
   if (!atomic_exchange(&r->failed, 1)) {
     r->result = res;
@@ -163,53 +163,53 @@ static fab_result not_posted(fab_coll_req* r, int i, ssize_t rc, const char* fn)
  * on its target endpoint, which may not be ep: shm gives a second send comm to
  * a peer an endpoint of its own) and the other groups' due work, then retry,
  * for at most FABRIC_PEER_TIMEOUT_MS. */
-static int again(fab_coll* g, fab_endpoint* ep, int64_t* deadline) {
+static int again(fab_group* g, fab_endpoint* ep, int64_t* deadline) {
   int64_t now = fab_now_ms();
   if (!*deadline) *deadline = now + (fab_g.params.peer_timeout_ms > 0 ? fab_g.params.peer_timeout_ms : 30000);
   fab_ep_poll(ep);
-  fab_coll_poll(g);
+  fab_group_poll(g);
   serve_others(g);
   return now < *deadline;
 }
 
 /* --- signals: the source side ------------------------------------------------------- */
 
-static int ring_room(fab_coll_peer* p, uint32_t seq) {
-  return seq - atomic_load_explicit(&p->sig_acked, memory_order_acquire) < FAB_COLL_RING;
+static int ring_room(fab_group_peer* p, uint32_t seq) {
+  return seq - atomic_load_explicit(&p->sig_acked, memory_order_acquire) < FAB_GROUP_RING;
 }
 
-static fab_result post_sig(fab_coll_req* r) {
-  fab_coll_peer* p = r->peer;
-  uint32_t slot = r->sig.seq % FAB_COLL_RING;
-  uint64_t data = p->sc->ops->onesided_data(p->sc, fab_coll_cq_low(FAB_COLL_SIGNAL, slot));
+static fab_result post_sig(fab_group_req* r) {
+  fab_group_peer* p = r->peer;
+  uint32_t slot = r->sig.seq % FAB_GROUP_RING;
+  uint64_t data = p->sc->ops->onesided_data(p->sc, fab_group_cq_low(FAB_GROUP_SIGNAL, slot));
   int64_t deadline = 0;
   ssize_t rc;
   do rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &r->sig, sizeof(r->sig), &p->ring,
-                                   (uint64_t)slot * sizeof(fab_coll_sig), data, &r->ops[1]);
-  while (rc == -FI_EAGAIN && again(p->coll, p->sc->ep, &deadline));
+                                   (uint64_t)slot * sizeof(fab_group_sig), data, &r->ops[1]);
+  while (rc == -FI_EAGAIN && again(p->group, p->sc->ep, &deadline));
   return rc == 0 ? FAB_OK : not_posted(r, 1, rc, "iputSignal");
 }
 
-void fab_coll_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
-  fab_coll_peer* p = op->owner;
-  if (err) fab_coll_fail(p->coll, fab_result_from_fi(err->err), "rmaProgress", "an acknowledgement write failed");
+void fab_group_ack_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  fab_group_peer* p = op->owner;
+  if (err) fab_group_fail(p->group, fab_result_from_fi(err->err), "rmaProgress", "an acknowledgement write failed");
   atomic_store_explicit(&p->ack_inflight, 0, memory_order_release);
-  atomic_store_explicit(&p->coll->due, 1, memory_order_release); /* a held-back acknowledgement may go now */
+  atomic_store_explicit(&p->group->due, 1, memory_order_release); /* a held-back acknowledgement may go now */
 }
 
 /* One acknowledgement write in flight per peer, carrying a count mod 2^24:
  * signal records applied (ring slots given back) or the landed prefix of
  * the peer's puts (its put window). */
-static fab_result post_ack(fab_coll* g, fab_coll_peer* p, unsigned kind, uint64_t value) {
+static fab_result post_ack(fab_group* g, fab_group_peer* p, unsigned kind, uint64_t value) {
   atomic_store_explicit(&p->ack_inflight, 1, memory_order_relaxed);
   p->ack_word = value;
-  uint64_t data = p->sc->ops->onesided_data(p->sc, fab_coll_cq_low(kind, (uint32_t)value));
+  uint64_t data = p->sc->ops->onesided_data(p->sc, fab_group_cq_low(kind, (uint32_t)value));
   ssize_t rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &p->ack_word, sizeof(p->ack_word), &p->ring,
-                                        FAB_COLL_RING * sizeof(fab_coll_sig), data, &p->ack_op);
+                                        FAB_GROUP_RING * sizeof(fab_group_sig), data, &p->ack_op);
   if (rc == 0) return FAB_OK;
   atomic_store_explicit(&p->ack_inflight, 0, memory_order_relaxed);
   if (rc == -FI_EAGAIN) return FAB_ERR_INTERNAL; /* not now: the next progress tries again */
-  return fab_coll_fail(g, fab_result_from_fi((int)-rc), "rmaProgress", "posting an acknowledgement failed");
+  return fab_group_fail(g, fab_result_from_fi((int)-rc), "rmaProgress", "posting an acknowledgement failed");
 }
 
 /* The put prefix once a quarter of the window has landed (first: it is rare,
@@ -219,7 +219,7 @@ static fab_result post_ack(fab_coll* g, fab_coll_peer* p, unsigned kind, uint64_
  * acknowledgement is still owed (one in flight, or the provider said "not
  * now"): the caller must come back, since nothing else will flag it due
  * again while the source waits for it. */
-static fab_result acknowledge(fab_coll* g, fab_coll_peer* p, int* pending) {
+static fab_result acknowledge(fab_group* g, fab_group_peer* p, int* pending) {
   if (atomic_load_explicit(&p->ack_inflight, memory_order_acquire)) {
     *pending = 1;
     return FAB_OK;
@@ -228,14 +228,14 @@ static fab_result acknowledge(fab_coll* g, fab_coll_peer* p, int* pending) {
   uint32_t applied = atomic_load_explicit(&p->sig_applied, memory_order_acquire);
   fab_result rc = FAB_OK;
   uint32_t copied = atomic_load_explicit(&p->rx_done, memory_order_acquire);
-  if (landed - p->puts_acked_sent >= FAB_COLL_PUT_WINDOW / 4) {
-    rc = post_ack(g, p, FAB_COLL_ACK_PUTS, landed);
+  if (landed - p->puts_acked_sent >= FAB_GROUP_PUT_WINDOW / 4) {
+    rc = post_ack(g, p, FAB_GROUP_ACK_PUTS, landed);
     if (rc == FAB_OK) p->puts_acked_sent = landed;
   } else if (copied != p->rx_acked_sent) { /* staging slots back: a source may be waiting for them */
-    rc = post_ack(g, p, FAB_COLL_ACK_STAGED, copied);
+    rc = post_ack(g, p, FAB_GROUP_ACK_STAGED, copied);
     if (rc == FAB_OK) p->rx_acked_sent = copied;
   } else if (applied != p->consumed_acked) {
-    rc = post_ack(g, p, FAB_COLL_ACK, applied);
+    rc = post_ack(g, p, FAB_GROUP_ACK, applied);
     if (rc == FAB_OK) p->consumed_acked = applied;
   } else {
     return FAB_OK;
@@ -248,24 +248,24 @@ static fab_result acknowledge(fab_coll* g, fab_coll_peer* p, int* pending) {
 
 /* Answers p's gets in order: each is a staged put of ours into p's staging
  * ring, its chunks numbered puts of ours. 1 while some wait. g->lock held. */
-static int serve_gets(fab_coll* g, fab_coll_peer* p) {
+static int serve_gets(fab_group* g, fab_group_peer* p) {
   uint32_t tail = atomic_load_explicit(&p->ask_tail, memory_order_relaxed);
   while (tail != atomic_load_explicit(&p->ask_head, memory_order_acquire)) {
-    fab_coll_ask a = p->asks[tail % FAB_COLL_GETS];
+    fab_group_ask a = p->asks[tail % FAB_GROUP_GETS];
     if (!p->stage_slots) {
-      fab_coll_fail(g, FAB_ERR_REMOTE, "rmaProgress", "a peer asked for a get but has no staging ring to take it");
+      fab_group_fail(g, FAB_ERR_REMOTE, "rmaProgress", "a peer asked for a get but has no staging ring to take it");
       return 0;
     }
-    uint64_t nchunks = fab_coll_stage_chunks(p, a.size, 1);
-    if (p->puts_posted + fab_coll_window_need(nchunks) - atomic_load_explicit(&p->puts_acked, memory_order_acquire) >
-        FAB_COLL_PUT_WINDOW)
+    uint64_t nchunks = fab_group_stage_chunks(p, a.size, 1);
+    if (p->puts_posted + fab_group_window_need(nchunks) - atomic_load_explicit(&p->puts_acked, memory_order_acquire) >
+        FAB_GROUP_PUT_WINDOW)
       return 1; /* once the peer acknowledges more of our puts */
     pthread_mutex_lock(&g->target_ep->lock);
-    fab_coll_win* w = a.window < g->nwins ? g->wins[a.window] : NULL;
+    fab_group_win* w = a.window < g->nwins ? g->wins[a.window] : NULL;
     pthread_mutex_unlock(&g->target_ep->lock);
-    fab_coll_req* r = w ? req_get(g, p, (int)nchunks) : NULL;
+    fab_group_req* r = w ? req_get(g, p, (int)nchunks) : NULL;
     if (!r) {
-      fab_coll_fail(g, w ? FAB_ERR_SYSTEM : FAB_ERR_INVALID_USAGE, "rmaProgress",
+      fab_group_fail(g, w ? FAB_ERR_SYSTEM : FAB_ERR_INVALID_USAGE, "rmaProgress",
                     w ? "out of memory for the answer to a get" : "a window was deregistered while a peer's get "
                         "from it was waiting to be answered");
       return 0;
@@ -282,35 +282,35 @@ static int serve_gets(fab_coll* g, fab_coll_peer* p) {
     p->puts_posted += nchunks;
     p->ops_posted += nchunks;
     fab_list_push(&g->owned, &r->own_node);
-    fab_coll_stage_put(p, r);
+    fab_group_stage_put(p, r);
     atomic_store_explicit(&p->ask_tail, ++tail, memory_order_release);
   }
   return 0;
 }
 
 /* Requests nobody tests (answers to gets, withdrawals): freed once complete. */
-static void sweep_owned(fab_coll* g) {
+static void sweep_owned(fab_group* g) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &g->owned) {
-    fab_coll_req* r = FAB_CONTAINER_OF(it, fab_coll_req, own_node);
+    fab_group_req* r = FAB_CONTAINER_OF(it, fab_group_req, own_node);
     if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) continue;
     fab_list_del(&r->own_node);
     req_put(r);
   }
 }
 
-fab_result fab_coll_post_waiting(fab_coll* g) {
+fab_result fab_group_post_waiting(fab_group* g) {
   atomic_store_explicit(&g->due, 0, memory_order_relaxed);
   int again = 0;
-  fab_coll_target_drain(g);
+  fab_group_target_drain(g);
   sweep_owned(g);
   again |= !fab_list_empty(&g->owned);
   for (int i = 0; i < g->nranks; i++) {
-    fab_coll_peer* p = &g->peers[i];
+    fab_group_peer* p = &g->peers[i];
     if (!p->sc) continue;
     if (p->asks) again |= serve_gets(g, p);
-    again |= fab_coll_stage_pump(p);
+    again |= fab_group_stage_pump(p);
     while (!fab_list_empty(&p->waiting)) {
-      fab_coll_req* r = FAB_CONTAINER_OF(p->waiting.next, fab_coll_req, node);
+      fab_group_req* r = FAB_CONTAINER_OF(p->waiting.next, fab_group_req, node);
       if (!ring_room(p, r->sig.seq)) break;
       fab_list_del(&r->node);
       post_sig(r); /* a failure is the request's */
@@ -327,16 +327,16 @@ fab_result fab_coll_post_waiting(fab_coll* g) {
 /* --- argument checks ------------------------------------------------------------------ */
 
 typedef struct op_target {
-  fab_coll* g;
-  fab_coll_peer* p; /* NULL: the rank is our own */
+  fab_group* g;
+  fab_group_peer* p; /* NULL: the rank is our own */
 } op_target;
 
 static fab_result resolve(void* rma_ctx, int context, uint32_t rank, void** request, const char* fn,
                           op_target* t) {
   if (!request) return fab_bad_argument(fn, "request", 0, "a non-NULL pointer");
   *request = NULL;
-  fab_coll_ctx* x = fab_obj_get(rma_ctx, FAB_OBJ_COLL_CTX);
-  fab_coll* g = x ? x->coll : fab_obj_get(rma_ctx, FAB_OBJ_COLL); /* GIN v11/v12 pass the comm itself */
+  fab_group_ctx* x = fab_obj_get(rma_ctx, FAB_OBJ_COLL_CTX);
+  fab_group* g = x ? x->group : fab_obj_get(rma_ctx, FAB_OBJ_COLL); /* GIN v11/v12 pass the comm itself */
   if (!g) {
     FAB_WARN("%s: %p is not a live RMA context or collective comm; pass what createContext (or connect) returned",
              fn, rma_ctx);
@@ -361,10 +361,10 @@ static fab_result resolve(void* rma_ctx, int context, uint32_t rank, void** requ
 
 /* The window behind mhandle, of this group, with [off, off+len) inside
  * rank's registration of it. */
-static fab_coll_win* window(fab_coll* g, void* mhandle, const char* arg, int rank, uint64_t off, uint64_t len,
+static fab_group_win* window(fab_group* g, void* mhandle, const char* arg, int rank, uint64_t off, uint64_t len,
                             const char* fn) {
-  fab_coll_win* w = fab_obj_get(mhandle, FAB_OBJ_COLL_WIN);
-  if (!w || w->coll != g) {
+  fab_group_win* w = fab_obj_get(mhandle, FAB_OBJ_COLL_WIN);
+  if (!w || w->group != g) {
     FAB_WARN("%s: %s %p is not a live symmetric registration of this RMA comm; pass what regMrSym returned", fn, arg,
              mhandle);
     return NULL;
@@ -393,9 +393,9 @@ typedef struct sig_args {
   uint32_t op;
 } sig_args;
 
-static fab_result done_at_once(fab_coll* g, fab_coll_peer* p, void** request) {
+static fab_result done_at_once(fab_group* g, fab_group_peer* p, void** request) {
   pthread_mutex_lock(&g->lock);
-  fab_coll_req* r = req_get(g, p, 0);
+  fab_group_req* r = req_get(g, p, 0);
   pthread_mutex_unlock(&g->lock);
   if (!r) {
     FAB_WARN("RMA: out of memory for a request");
@@ -407,32 +407,32 @@ static fab_result done_at_once(fab_coll* g, fab_coll_peer* p, void** request) {
 
 /* Posts r's record (r->sig, numbered) into p's ring, or queues it in order
  * until the peer gives a slot back. g->lock held. */
-static fab_result post_record(fab_coll* g, fab_coll_peer* p, fab_coll_req* r) {
-  r->sig.check = fab_coll_sig_check(&r->sig);
+static fab_result post_record(fab_group* g, fab_group_peer* p, fab_group_req* r) {
+  r->sig.check = fab_group_sig_check(&r->sig);
   if (fab_list_empty(&p->waiting) && ring_room(p, r->sig.seq)) return post_sig(r);
   fab_list_push(&p->waiting, &r->node); /* posted in order as the peer gives slots back */
   atomic_store_explicit(&g->due, 1, memory_order_release);
   return FAB_OK;
 }
 
-void fab_coll_withdraw(fab_coll* g, fab_coll_win* w) {
+void fab_group_withdraw(fab_group* g, fab_group_win* w) {
   uint32_t* seq = calloc((size_t)g->nranks, sizeof(*seq));
   if (!seq) return; /* out of memory: the registration closes unannounced, as before there was a withdrawal */
   pthread_mutex_lock(&g->lock);
   for (int i = 0; i < g->nranks; i++) {
-    fab_coll_peer* p = &g->peers[i];
-    fab_coll_req* r = p->sc && !atomic_load(&g->failed) ? req_get(g, p, 1) : NULL;
+    fab_group_peer* p = &g->peers[i];
+    fab_group_req* r = p->sc && !atomic_load(&g->failed) ? req_get(g, p, 1) : NULL;
     if (!r) continue;
     seq[i] = atomic_fetch_add_explicit(&p->sig_seq, 1, memory_order_relaxed) + 1;
     /* applied after every put of ours to p so far: p then knows none of ours into its window is on the way */
-    r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .seq = seq[i] - 1, .window = w->id,
-                            .op = FAB_COLL_OP_WITHDRAW, .token = g->token};
+    r->sig = (fab_group_sig){.puts_before = p->puts_posted, .seq = seq[i] - 1, .window = w->id,
+                            .op = FAB_GROUP_OP_WITHDRAW, .token = g->token};
     p->ops_posted++;
     fab_list_push(&g->owned, &r->own_node);
     post_record(g, p, r);
   }
   pthread_mutex_unlock(&g->lock);
-  int64_t until = fab_now_ms() + FAB_COLL_WITHDRAW_WAIT_MS;
+  int64_t until = fab_now_ms() + FAB_GROUP_WITHDRAW_WAIT_MS;
   while (!atomic_load(&g->failed)) {
     /* a peer is through once it acknowledged our record, or withdrew the window itself (deregistered
      * together): its handle is gone, and its puts into ours landed before its record applied here */
@@ -445,10 +445,10 @@ void fab_coll_withdraw(fab_coll* g, fab_coll_win* w) {
     if (fab_now_ms() > until) {
       FAB_WARN("deregMrSym: rank %d did not confirm within %d ms that it saw window #%u withdrawn (it is not "
                "progressing its RMA comm); a write of its into the window from now on fails at the provider",
-               waiting, FAB_COLL_WITHDRAW_WAIT_MS, w->id);
+               waiting, FAB_GROUP_WITHDRAW_WAIT_MS, w->id);
       break;
     }
-    if (fab_coll_progress(g) != FAB_OK) break; /* the group failed: nothing more moves */
+    if (fab_group_progress(g) != FAB_OK) break; /* the group failed: nothing more moves */
     serve_others(g);
     sched_yield();
   }
@@ -457,8 +457,8 @@ void fab_coll_withdraw(fab_coll* g, fab_coll_win* w) {
 
 /* Our own rank: the data and the signal are placed here and now (GPU
  * windows through fab_devcopy, in order, so the signal follows the data). */
-static fab_result self_put(fab_coll* g, fab_coll_win* src, uint64_t src_off, size_t size, fab_coll_win* dst,
-                           uint64_t dst_off, fab_coll_win* sw, const sig_args* s, const char* fn) {
+static fab_result self_put(fab_group* g, fab_group_win* src, uint64_t src_off, size_t size, fab_group_win* dst,
+                           uint64_t dst_off, fab_group_win* sw, const sig_args* s, const char* fn) {
   const char* what = NULL;
   if (size && fab_devcopy((char*)dst->base + dst_off, dst->gpu, (char*)src->base + src_off, src->gpu, size, &what)) {
     FAB_WARN("%s: copying %zu bytes to our own rank failed: %s failed", fn, size, what);
@@ -468,7 +468,7 @@ static fab_result self_put(fab_coll* g, fab_coll_win* src, uint64_t src_off, siz
   uint64_t add = s->op == FAB_SIGNAL_INC ? 1 : s->value;
   if (sw->gpu) { /* the target side's lock: it may be storing into the same window's shadow */
     pthread_mutex_lock(&g->target_ep->lock);
-    fab_result rc = fab_coll_gpu_signal(g, sw, s->off, add, fn);
+    fab_result rc = fab_group_gpu_signal(g, sw, s->off, add, fn);
     pthread_mutex_unlock(&g->target_ep->lock);
     return rc;
   }
@@ -479,19 +479,19 @@ static fab_result self_put(fab_coll* g, fab_coll_win* src, uint64_t src_off, siz
 /* Waits (driving progress) until n more puts to p fit in the window of puts
  * the peer tracks; 0 when they do. g->lock held. */
 static int put_window_room(op_target* t, uint64_t n) {
-  fab_coll_peer* p = t->p;
+  fab_group_peer* p = t->p;
   int64_t deadline = 0;
-  while (p->puts_posted + n - atomic_load_explicit(&p->puts_acked, memory_order_acquire) > FAB_COLL_PUT_WINDOW)
-    if (progress_locked(t->g) != FAB_OK || !again(p->coll, p->sc->ep, &deadline)) return -1;
+  while (p->puts_posted + n - atomic_load_explicit(&p->puts_acked, memory_order_acquire) > FAB_GROUP_PUT_WINDOW)
+    if (progress_locked(t->g) != FAB_OK || !again(p->group, p->sc->ep, &deadline)) return -1;
   return 0;
 }
 
-/* A put through staging (fab_coll_stage.c): its chunks are numbered puts,
+/* A put through staging (fab_group_stage.c): its chunks are numbered puts,
  * posted as slots allow. g->lock held. */
-static fab_result post_staged(op_target* t, fab_coll_req* r, fab_coll_win* src, uint64_t src_off, size_t size,
-                              fab_coll_win* dst, uint64_t dst_off, uint64_t nchunks, int ring) {
-  fab_coll_peer* p = t->p;
-  if (put_window_room(t, fab_coll_window_need(nchunks)) != 0) {
+static fab_result post_staged(op_target* t, fab_group_req* r, fab_group_win* src, uint64_t src_off, size_t size,
+                              fab_group_win* dst, uint64_t dst_off, uint64_t nchunks, int ring) {
+  fab_group_peer* p = t->p;
+  if (put_window_room(t, fab_group_window_need(nchunks)) != 0) {
     for (uint64_t i = 0; i < nchunks; i++) not_posted(r, 0, -FI_ETIMEDOUT, "iput");
     return r->result;
   }
@@ -503,16 +503,16 @@ static fab_result post_staged(op_target* t, fab_coll_req* r, fab_coll_win* src, 
   r->st_ring = ring;
   r->st_put = p->puts_posted;
   p->puts_posted += nchunks;
-  fab_coll_stage_put(p, r);
+  fab_group_stage_put(p, r);
   return FAB_OK;
 }
 
 /* Posts the data write (or queues its staged chunks: nchunks) and queues or
  * posts the signal record. g->lock held. */
-static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uint64_t src_off, size_t size,
-                           fab_coll_win* dst, uint64_t dst_off, fab_coll_win* sw, const sig_args* s,
+static fab_result post_put(op_target* t, fab_group_req* r, fab_group_win* src, uint64_t src_off, size_t size,
+                           fab_group_win* dst, uint64_t dst_off, fab_group_win* sw, const sig_args* s,
                            uint64_t nchunks) {
-  fab_coll_peer* p = t->p;
+  fab_group_peer* p = t->p;
   int rank = p->rank;
   if (nchunks) {
     fab_result rc = post_staged(t, r, src, src_off, size, dst, dst_off, nchunks, dst->remote_staged[rank]);
@@ -525,7 +525,7 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
     ssize_t rc;
     do rc = fab_rma_write(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
                           &dst->remote[rank], dst_off, &r->ops[0]);
-    while (rc == -FI_EAGAIN && again(p->coll, p->sc->ep, &deadline));
+    while (rc == -FI_EAGAIN && again(p->group, p->sc->ep, &deadline));
     if (rc != 0) {
       if (sw) op_done(&r->ops[1], NULL, NULL);
       return not_posted(r, 0, rc, sw ? "iputSignal" : "iput");
@@ -536,12 +536,12 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
       return not_posted(r, 0, -FI_ETIMEDOUT, sw ? "iputSignal" : "iput");
     }
     int64_t deadline = 0;
-    uint64_t data = p->sc->ops->onesided_data(p->sc, fab_coll_cq_low(FAB_COLL_PUT, (uint32_t)p->puts_posted));
+    uint64_t data = p->sc->ops->onesided_data(p->sc, fab_group_cq_low(FAB_GROUP_PUT, (uint32_t)p->puts_posted));
     deadline = 0;
     ssize_t rc;
     do rc = fab_rma_writedata(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
                               &dst->remote[rank], dst_off, data, &r->ops[0]);
-    while (rc == -FI_EAGAIN && again(p->coll, p->sc->ep, &deadline));
+    while (rc == -FI_EAGAIN && again(p->group, p->sc->ep, &deadline));
     if (rc != 0) {
       if (sw) op_done(&r->ops[1], NULL, NULL); /* its signal will not follow */
       return not_posted(r, 0, rc, sw ? "iputSignal" : "iput");
@@ -549,7 +549,7 @@ static fab_result post_put(op_target* t, fab_coll_req* r, fab_coll_win* src, uin
     p->puts_posted++;
   }
   if (!sw) return FAB_OK;
-  r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .offset = s->off, .value = s->value,
+  r->sig = (fab_group_sig){.puts_before = p->puts_posted, .offset = s->off, .value = s->value,
                           .seq = atomic_fetch_add_explicit(&p->sig_seq, 1, memory_order_relaxed),
                           .window = sw->id, .op = s->op, .token = t->g->token};
   return post_record(t->g, p, r);
@@ -561,7 +561,7 @@ static fab_result put_common(void* rma_ctx, int context, uint64_t src_off, void*
   op_target t;
   fab_result rc = resolve(rma_ctx, context, rank, request, fn, &t);
   if (rc != FAB_OK) return rc;
-  fab_coll_win *src = NULL, *dst = NULL, *sw = NULL;
+  fab_group_win *src = NULL, *dst = NULL, *sw = NULL;
   if (size) {
     src = window(t.g, src_mh, "srcMhandle", t.g->rank, src_off, size, fn);
     dst = src ? window(t.g, dst_mh, "dstMhandle", (int)rank, dst_off, size, fn) : NULL;
@@ -581,9 +581,9 @@ static fab_result put_common(void* rma_ctx, int context, uint64_t src_off, void*
   if (!size && !sw) return done_at_once(t.g, t.p, request);
   pthread_mutex_lock(&t.g->lock);
   uint64_t nchunks = size && (src->staged || dst->remote_staged[rank])
-                         ? fab_coll_stage_chunks(t.p, size, dst->remote_staged[rank]) : 0;
+                         ? fab_group_stage_chunks(t.p, size, dst->remote_staged[rank]) : 0;
   int nops = (int)(nchunks ? nchunks : size > 0) + (sw != NULL);
-  fab_coll_req* r = req_get(t.g, t.p, nops);
+  fab_group_req* r = req_get(t.g, t.p, nops);
   if (!r) {
     pthread_mutex_unlock(&t.g->lock);
     FAB_WARN("%s: out of memory for a request", fn);
@@ -606,7 +606,7 @@ fab_result fab_rma_iput_signal(void* rma_ctx, int context, uint64_t src_off, voi
                                uint64_t dst_off, void* dst_mhandle, uint32_t rank, uint64_t signal_off,
                                void* signal_mhandle, uint64_t signal_value, uint32_t signal_op, bool strong,
                                uint32_t opt_flags, void** request) {
-  (void)strong;    /* every signal is strong here (fab_coll.h) */
+  (void)strong;    /* every signal is strong here (fab_group.h) */
   (void)opt_flags;
   sig_args s = {.off = signal_off, .mhandle = signal_mhandle, .value = signal_value, .op = signal_op};
   return put_common(rma_ctx, context, src_off, src_mhandle, size, dst_off, dst_mhandle, rank, &s, request,
@@ -616,10 +616,10 @@ fab_result fab_rma_iput_signal(void* rma_ctx, int context, uint64_t src_off, voi
 /* A get from or into a staged window: a record asks the target for the
  * bytes, which it writes as chunks into our staging ring; the request
  * completes once every byte is copied into the local window. */
-static fab_result get_by_request(op_target* t, fab_coll_win* local, uint64_t local_off, fab_coll_win* remote,
+static fab_result get_by_request(op_target* t, fab_group_win* local, uint64_t local_off, fab_group_win* remote,
                                  uint64_t remote_off, size_t size, void** request) {
-  fab_coll* g = t->g;
-  fab_coll_peer* p = t->p;
+  fab_group* g = t->g;
+  fab_group_peer* p = t->p;
   if (!g->rx_mem) {
     FAB_WARN("iget: rank %d's window is staged through host memory (GPU memory its provider cannot reach), and "
              "its answer needs a staging ring here, which only a staged window of this rank makes: register a GPU "
@@ -627,20 +627,20 @@ static fab_result get_by_request(op_target* t, fab_coll_win* local, uint64_t loc
     return FAB_ERR_INVALID_USAGE;
   }
   pthread_mutex_lock(&g->lock);
-  fab_coll_req* r = NULL;
+  fab_group_req* r = NULL;
   int64_t deadline = 0;
-  int room = fab_coll_gets_make(p) == 0;
-  while (room && p->gets[p->get_seq % FAB_COLL_GETS].req) /* FAB_COLL_GETS gets to p still in flight */
-    if (progress_locked(g) != FAB_OK || !again(p->coll, p->sc->ep, &deadline)) room = 0;
+  int room = fab_group_gets_make(p) == 0;
+  while (room && p->gets[p->get_seq % FAB_GROUP_GETS].req) /* FAB_GROUP_GETS gets to p still in flight */
+    if (progress_locked(g) != FAB_OK || !again(p->group, p->sc->ep, &deadline)) room = 0;
   if (room) r = req_get(g, p, 2); /* the record, and the data */
   if (r) {
     uint32_t id = p->get_seq++;
-    p->gets[id % FAB_COLL_GETS] = (fab_coll_inflight_get){.req = r, .local = local, .local_off = local_off, .size = size,
+    p->gets[id % FAB_GROUP_GETS] = (fab_group_inflight_get){.req = r, .local = local, .local_off = local_off, .size = size,
                                                  .id = id};
     p->ops_posted += 2;
-    r->sig = (fab_coll_sig){.puts_before = p->puts_posted, .offset = remote_off, .value = size,
+    r->sig = (fab_group_sig){.puts_before = p->puts_posted, .offset = remote_off, .value = size,
                             .seq = atomic_fetch_add_explicit(&p->sig_seq, 1, memory_order_relaxed),
-                            .window = remote->id, .op = FAB_COLL_OP_GET, .token = g->token, .get = id};
+                            .window = remote->id, .op = FAB_GROUP_OP_GET, .token = g->token, .get = id};
     post_record(g, p, r);
   }
   pthread_mutex_unlock(&g->lock);
@@ -659,8 +659,8 @@ fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* r
   fab_result rc = resolve(rma_ctx, context, rank, request, "iget", &t);
   if (rc != FAB_OK) return rc;
   if (!size) return done_at_once(t.g, t.p, request);
-  fab_coll_win* local = window(t.g, local_mhandle, "localMhandle", t.g->rank, local_off, size, "iget");
-  fab_coll_win* remote = local ? window(t.g, remote_mhandle, "remoteMhandle", (int)rank, remote_off, size, "iget")
+  fab_group_win* local = window(t.g, local_mhandle, "localMhandle", t.g->rank, local_off, size, "iget");
+  fab_group_win* remote = local ? window(t.g, remote_mhandle, "remoteMhandle", (int)rank, remote_off, size, "iget")
                                : NULL;
   if (!remote) return FAB_ERR_INVALID_USAGE;
   if (!t.p) {
@@ -675,7 +675,7 @@ fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* r
   if (local->staged || remote->remote_staged[rank])
     return get_by_request(&t, local, local_off, remote, remote_off, size, request);
   pthread_mutex_lock(&t.g->lock);
-  fab_coll_req* r = req_get(t.g, t.p, 1);
+  fab_group_req* r = req_get(t.g, t.p, 1);
   if (r) {
     t.p->ops_posted++;
     int64_t deadline = 0;
@@ -702,7 +702,7 @@ fab_result fab_rma_iflush(void* rma_ctx, int context, void* mhandle, uint32_t ra
   if (!t.p) return FAB_OK; /* our own rank: everything is in place */
   pthread_mutex_lock(&t.g->lock);
   uint64_t target = t.p->ops_posted;
-  fab_coll_req* r = NULL;
+  fab_group_req* r = NULL;
   if (atomic_load_explicit(&t.p->ops_done, memory_order_acquire) < target) {
     r = req_get(t.g, t.p, 0);
     if (r) {
@@ -721,32 +721,32 @@ fab_result fab_rma_iflush(void* rma_ctx, int context, void* mhandle, uint32_t ra
 
 /* --- test ------------------------------------------------------------------------------ */
 
-static int complete(fab_coll_req* r) {
+static int complete(fab_group_req* r) {
   if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) return 0;
   return !r->flush || atomic_load_explicit(&r->peer->ops_done, memory_order_acquire) >= r->flush_target;
 }
 
 /* A request that can no longer complete: it stays out of the pool (the
  * provider may still complete its operations) until the group closes. */
-static fab_result abandon(fab_coll_req* r, fab_result rc, const char* why) {
+static fab_result abandon(fab_group_req* r, fab_result rc, const char* why) {
   FAB_WARN("test: an RMA request to rank %d failed: %s", r->peer ? r->peer->rank : -1, why);
-  atomic_store(&r->coll->op_failed, 1);
-  r->state = FAB_COLL_REQ_ABANDONED;
+  atomic_store(&r->group->op_failed, 1);
+  r->state = FAB_GROUP_REQ_ABANDONED;
   return rc;
 }
 
-fab_result fab_rma_test(void* coll, void* request, int* done) {
+fab_result fab_rma_test(void* group, void* request, int* done) {
   if (!done) return fab_bad_argument("test", "done", 0, "a non-NULL pointer");
   *done = 0;
-  fab_coll* g = fab_coll_get(coll, "test");
+  fab_group* g = fab_group_get(group, "test");
   if (!g) return FAB_ERR_INTERNAL;
-  fab_coll_req* r = request;
-  if (!r || r->magic != REQ_MAGIC || r->coll != g || r->state != FAB_COLL_REQ_ACTIVE) {
+  fab_group_req* r = request;
+  if (!r || r->magic != REQ_MAGIC || r->group != g || r->state != FAB_GROUP_REQ_ACTIVE) {
     FAB_WARN("test: %p is not a live request of this RMA comm (already completed, or never returned by it)", request);
     return FAB_ERR_INTERNAL;
   }
   if (!complete(r)) {
-    fab_coll_progress(g);
+    fab_group_progress(g);
     if (!complete(r)) {
       if (r->peer && r->peer->sc) {
         fab_comm_stalled(r->peer->sc); /* liveness: a dead peer fails the connection */
