@@ -169,6 +169,7 @@ static int again(fab_group* g, fab_endpoint* ep, int64_t* deadline) {
   fab_ep_poll(ep);
   fab_group_poll(g);
   serve_others(g);
+  sched_yield(); /* the peer that must make room may share this core */
   return now < *deadline;
 }
 
