@@ -12,7 +12,7 @@
  * 1.17's shm HMEM path lets one large send whose receive is not posted yet
  * stall every other send of the endpoint (two channels of a NCCL broadcast
  * then deadlock; seen on two H200s); 2.x's shm HMEM entry (no inject: small
- * writes are bounced, core/fabric/fab_rma_buf.c) slows host memory (docs/results/performance-history.md §4).
+ * writes are bounced, core/fabric/fab_remote_buf.c) slows host memory (docs/results/performance-history.md §4).
  */
 #include <errno.h>
 #include <limits.h>

@@ -19,7 +19,7 @@
 
 #include "fab_engine.h"
 #include "fab_mr.h"
-#include "fab_rma.h"
+#include "fab_remote.h"
 
 enum { FAB_CQ_BATCH_MAX = 256 };
 
@@ -257,8 +257,8 @@ void fab_endpoint_destroy(fab_endpoint* ep) {
   if (ep->ep) fi_close(&ep->ep->fid);
   ep->ep = NULL;
   if (ep->hooks) ep->hooks->teardown(ep);
-  fab_rma_retired_free(ep, 1); /* nothing can write into them any more */
-  fab_rma_bounce_free(ep);
+  fab_remote_retired_free(ep, 1); /* nothing can write into them any more */
+  fab_bounce_free(ep);
   if (ep->cq) fi_close(&ep->cq->fid);
   if (ep->av) fi_close(&ep->av->fid);
   free(ep->av_cache);

@@ -219,8 +219,8 @@ struct fab_endpoint {
   fab_list comms;    /* live send and recv comms */
   fab_list parked;
   fab_list refusals; /* refusals the provider could not take yet (fab_ctrl.c), retried by the sweep */
-  fab_list retired;  /* buffers peers may still write into (fab_rma_buf_retire) */
-  _Atomic(fab_bounce_pool*) bounce; /* slots for small writes the provider cannot inject (fab_rma_bounce.c) */
+  fab_list retired;  /* buffers peers may still write into (fab_remote_buf_retire) */
+  _Atomic(fab_bounce_pool*) bounce; /* slots for small writes the provider cannot inject (fab_remote_buf.c) */
   uint32_t next_conn_id;
   int conn_wrapped;
   uint32_t next_connector_id;
@@ -340,7 +340,7 @@ struct fab_comm {
   int peer_in_process; /* no liveness check: see fab_ep_addr_in_process */
   _Atomic uint32_t stall_polls;
   fab_op probe_op;
-  fab_op ctl_op; /* the transport's control writes (fab_rma_ctl_write) */
+  fab_op ctl_op; /* the transport's control writes (fab_remote_ctl_write) */
   /* recv comms of a one-sided group (core/onesided/fab_group.h): the handler of the
    * peer's one-sided writes, set and cleared under the ep lock, and its
    * argument */

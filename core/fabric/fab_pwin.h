@@ -14,7 +14,7 @@
 #define FAB_PWIN_H
 
 #include "fab_engine.h"
-#include "fab_rma.h"
+#include "fab_remote.h"
 #include "fab_wire.h"
 
 enum {

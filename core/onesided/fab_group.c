@@ -80,7 +80,7 @@ static fab_result make_ring(fab_group* g, fab_group_peer* p, const char* fn) {
   p->put_seen = calloc(FAB_GROUP_PUT_WINDOW / 64, sizeof(uint64_t));
   if (!p->ring_mem || !p->put_seen) return fab_group_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
   memset(p->ring_mem, 0, len);
-  int rc = fab_rma_buf_reg(g->target_ep, p->ring_mem, len, FI_REMOTE_WRITE, &p->ring_reg);
+  int rc = fab_remote_buf_reg(g->target_ep, p->ring_mem, len, FI_REMOTE_WRITE, &p->ring_reg);
   if (rc != 0) {
     char why[160];
     snprintf(why, sizeof(why), "registering a signal ring failed: %s", fi_strerror(-rc));
@@ -288,7 +288,7 @@ static void coll_destroy(fab_group* g) {
       p->rc->onesided = NULL;
       p->rc->onesided_arg = NULL;
     }
-    if (p->ring_reg.mr) fab_rma_buf_retire(g->target_ep, &p->ring_reg, p->ring_mem); /* the peer may still write */
+    if (p->ring_reg.mr) fab_remote_buf_retire(g->target_ep, &p->ring_reg, p->ring_mem); /* the peer may still write */
     else free(p->ring_mem);
   }
   fab_group_stage_free(g, leak);

@@ -8,7 +8,7 @@
  * the transport's comm ids come for free), and the collective exchanges
  * (hello, windows) are tagged messages on those comms. Data never goes
  * through them: puts, gets and signals are RDMA operations posted directly
- * on the endpoint (core/fabric/fab_rma.c, window-checked), and what lands at a
+ * on the endpoint (core/fabric/fab_remote.c, window-checked), and what lands at a
  * target is named by the rdma transport's remote CQ data with its one-sided
  * slot (transports/rdma/rd_proto.h), dispatched to fab_group_target_landed
  * under the target endpoint's lock.
@@ -35,7 +35,7 @@
 
 #include "fab_engine.h"
 #include "fab_mr.h"
-#include "fab_rma.h"
+#include "fab_remote.h"
 
 enum {
   FAB_GROUP_RING = 64,          /* signal records in flight per (source, target) */
@@ -186,7 +186,7 @@ typedef struct fab_group_peer {
   uint32_t consumed_acked;     /* applied count last acknowledged (group->lock) */
   uint8_t landed[FAB_GROUP_RING];
   fab_group_sig* ring_mem;      /* our ring for the peer's records */
-  fab_rma_buf ring_reg;
+  fab_remote_buf ring_reg;
   char bad[96];                /* the protocol error that failed the peer, if any */
   _Atomic int gpu_sig_due;     /* a record waits to be applied to a GPU window (progress does it) */
   /* staging, source side (group->lock, except the atomics) */
@@ -195,7 +195,7 @@ typedef struct fab_group_peer {
   _Atomic uint32_t chunk_seq;  /* chunks written into the peer's ring (counted before each is posted) */
   _Atomic uint32_t chunk_acked; /* chunks the peer has copied out */
   char* tx_mem;                /* our slots for chunks to the peer (FABRIC_RMA_STAGE_*) */
-  fab_rma_buf tx_reg;
+  fab_remote_buf tx_reg;
   int tx_pinned;
   fab_group_txslot* tx;
   uint32_t tx_next;            /* slots are used in turn */
@@ -263,7 +263,7 @@ struct fab_group {
   char why[192];
   /* our staging ring: every peer's chunks for our staged windows (fab_group_stage.c) */
   char* rx_mem;
-  fab_rma_buf rx_reg;
+  fab_remote_buf rx_reg;
   int rx_pinned;
   uint32_t rx_slots, rx_slot_bytes;
   int gpu_direct;        /* a window of ours is GPU memory the provider writes into (flush before signals) */

@@ -185,7 +185,7 @@ static fab_result post_sig(fab_group_req* r) {
   uint64_t data = p->sc->ops->onesided_data(p->sc, fab_group_cq_low(FAB_GROUP_SIGNAL, slot));
   int64_t deadline = 0;
   ssize_t rc;
-  do rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &r->sig, sizeof(r->sig), &p->ring,
+  do rc = fab_remote_inject_writedata(p->sc->ep, p->sc->peer, &r->sig, sizeof(r->sig), &p->ring,
                                    (uint64_t)slot * sizeof(fab_group_sig), data, &r->ops[1]);
   while (rc == -FI_EAGAIN && again(p->group, p->sc->ep, &deadline));
   return rc == 0 ? FAB_OK : not_posted(r, 1, rc, "iputSignal");
@@ -205,7 +205,7 @@ static fab_result post_ack(fab_group* g, fab_group_peer* p, unsigned kind, uint6
   atomic_store_explicit(&p->ack_inflight, 1, memory_order_relaxed);
   p->ack_word = value;
   uint64_t data = p->sc->ops->onesided_data(p->sc, fab_group_cq_low(kind, (uint32_t)value));
-  ssize_t rc = fab_rma_inject_writedata(p->sc->ep, p->sc->peer, &p->ack_word, sizeof(p->ack_word), &p->ring,
+  ssize_t rc = fab_remote_inject_writedata(p->sc->ep, p->sc->peer, &p->ack_word, sizeof(p->ack_word), &p->ring,
                                         FAB_GROUP_RING * sizeof(fab_group_sig), data, &p->ack_op);
   if (rc == 0) return FAB_OK;
   atomic_store_explicit(&p->ack_inflight, 0, memory_order_relaxed);
@@ -524,7 +524,7 @@ static fab_result post_put(op_target* t, fab_group_req* r, fab_group_win* src, u
   } else if (size && t->g->ordered) { /* placed before any later write of ours: nothing to count */
     int64_t deadline = 0;
     ssize_t rc;
-    do rc = fab_rma_write(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
+    do rc = fab_remote_write(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
                           &dst->remote[rank], dst_off, &r->ops[0]);
     while (rc == -FI_EAGAIN && again(p->group, p->sc->ep, &deadline));
     if (rc != 0) {
@@ -540,7 +540,7 @@ static fab_result post_put(op_target* t, fab_group_req* r, fab_group_win* src, u
     uint64_t data = p->sc->ops->onesided_data(p->sc, fab_group_cq_low(FAB_GROUP_PUT, (uint32_t)p->puts_posted));
     deadline = 0;
     ssize_t rc;
-    do rc = fab_rma_writedata(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
+    do rc = fab_remote_writedata(p->sc->ep, p->sc->peer, (char*)src->base + src_off, size, src->mr->desc,
                               &dst->remote[rank], dst_off, data, &r->ops[0]);
     while (rc == -FI_EAGAIN && again(p->group, p->sc->ep, &deadline));
     if (rc != 0) {
@@ -681,7 +681,7 @@ fab_result fab_rma_iget(void* rma_ctx, int context, uint64_t remote_off, void* r
     t.p->ops_posted++;
     int64_t deadline = 0;
     ssize_t prc;
-    do prc = fab_rma_read(t.p->sc->ep, t.p->sc->peer, (char*)local->base + local_off, size, local->mr->desc,
+    do prc = fab_remote_read(t.p->sc->ep, t.p->sc->peer, (char*)local->base + local_off, size, local->mr->desc,
                           &remote->remote[rank], remote_off, &r->ops[0]);
     while (prc == -FI_EAGAIN && again(t.g, t.p->sc->ep, &deadline));
     if (prc != 0) not_posted(r, 0, prc, "iget");

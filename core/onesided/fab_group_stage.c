@@ -35,7 +35,7 @@ fab_result fab_group_stage_rx_make(fab_group* g, const void* gpu_window, const c
       return fab_group_fail(g, FAB_ERR_SYSTEM, fn, "out of memory for the staging ring of GPU windows");
     }
   }
-  int rc = fab_rma_buf_reg(g->target_ep, mem, len, FI_REMOTE_WRITE, &g->rx_reg);
+  int rc = fab_remote_buf_reg(g->target_ep, mem, len, FI_REMOTE_WRITE, &g->rx_reg);
   if (rc != 0) {
     free(mem);
     char why[160];
@@ -65,7 +65,7 @@ static int tx_make(fab_group_peer* p, const fab_group_req* r) {
   size_t len = (size_t)n * slot_bytes();
   p->tx_mem = aligned_alloc(4096, len);
   p->tx = calloc(n, sizeof(*p->tx));
-  int rc = p->tx_mem && p->tx ? fab_rma_buf_reg(p->sc->ep, p->tx_mem, len, FI_WRITE | FI_READ, &p->tx_reg)
+  int rc = p->tx_mem && p->tx ? fab_remote_buf_reg(p->sc->ep, p->tx_mem, len, FI_WRITE | FI_READ, &p->tx_reg)
                               : -FI_ENOMEM;
   if (rc != 0) {
     free(p->tx_mem);
@@ -115,7 +115,7 @@ static ssize_t post_chunk(fab_group_peer* p, fab_group_req* r, fab_group_txslot*
   fab_comm* sc = p->sc;
   if (!r->st_ring) {
     uint64_t data = sc->ops->onesided_data(sc, fab_group_cq_low(FAB_GROUP_PUT, (uint32_t)r->st_put));
-    return fab_rma_writedata(sc->ep, sc->peer, buf, n, p->tx_reg.desc, &r->st_dst->remote[p->rank], r->st_dst_off,
+    return fab_remote_writedata(sc->ep, sc->peer, buf, n, p->tx_reg.desc, &r->st_dst->remote[p->rank], r->st_dst_off,
                              data, &s->op);
   }
   uint32_t seq = atomic_load_explicit(&p->chunk_seq, memory_order_relaxed);
@@ -128,7 +128,7 @@ static ssize_t post_chunk(fab_group_peer* p, fab_group_req* r, fab_group_txslot*
   uint64_t data = sc->ops->onesided_data(sc, fab_group_cq_low(FAB_GROUP_STAGED, slot));
   /* counted first: the peer may copy it out and acknowledge it before the post returns */
   atomic_store_explicit(&p->chunk_seq, seq + 1, memory_order_release);
-  ssize_t rc = fab_rma_writedata(sc->ep, sc->peer, buf, sizeof(*c) + n, p->tx_reg.desc, &p->stage,
+  ssize_t rc = fab_remote_writedata(sc->ep, sc->peer, buf, sizeof(*c) + n, p->tx_reg.desc, &p->stage,
                                  (uint64_t)slot * p->stage_slot_bytes, data, &s->op);
   if (rc != 0) atomic_store_explicit(&p->chunk_seq, seq, memory_order_relaxed); /* not posted */
   return rc;
@@ -227,7 +227,7 @@ void fab_group_stage_free(fab_group* g, int leak) {
   for (int r = 0; r < g->nranks; r++) {
     fab_group_peer* p = &g->peers[r];
     if (leak && p->tx) continue; /* chunks in flight still complete into their slots */
-    fab_rma_buf_dereg(&p->tx_reg);
+    fab_remote_buf_dereg(&p->tx_reg);
     if (p->tx_pinned) fab_devcopy_unpin(p->tx_mem);
     p->tx_pinned = 0;
     free(p->tx_mem);
@@ -243,7 +243,7 @@ void fab_group_stage_free(fab_group* g, int leak) {
   }
   if (g->rx_pinned) fab_devcopy_unpin(g->rx_mem); /* still writable for late writes, as retired */
   g->rx_pinned = 0;
-  if (g->rx_reg.mr) fab_rma_buf_retire(g->target_ep, &g->rx_reg, g->rx_mem); /* peers may still write */
+  if (g->rx_reg.mr) fab_remote_buf_retire(g->target_ep, &g->rx_reg, g->rx_mem); /* peers may still write */
   else free(g->rx_mem);
   g->rx_mem = NULL;
 }

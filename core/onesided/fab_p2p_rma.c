@@ -41,7 +41,7 @@ fab_result fab_p2p_get_properties(int dev, fab_properties* props) {
   props->rma_supported = rma_capable(d);
   size_t ksize = d->info->domain_attr->mr_key_size;
   props->max_mr_key_size = props->rma_supported ? (ksize && ksize < 8 ? ksize : 8) : 0;
-  props->max_write_inline_size = props->rma_supported ? fab_rma_inline_max(d) : 0;
+  props->max_write_inline_size = props->rma_supported ? fab_remote_inline_max(d) : 0;
   return FAB_OK;
 }
 
@@ -253,9 +253,9 @@ enum { OS_WRITE, OS_WRITE_INLINE, OS_READ };
 static ssize_t os_post(fab_comm* c, int kind, void* local, size_t size, void* desc, const fab_pwin_entry* e,
                        uint64_t remote, fab_op* op) {
   uint64_t off = remote - e->va;
-  if (kind == OS_READ) return fab_rma_read(c->ep, c->peer, local, size, desc, &e->win, off, op);
-  if (kind == OS_WRITE_INLINE) return fab_rma_inject_write(c->ep, c->peer, local, size, &e->win, off, op);
-  return fab_rma_write(c->ep, c->peer, local, size, desc, &e->win, off, op);
+  if (kind == OS_READ) return fab_remote_read(c->ep, c->peer, local, size, desc, &e->win, off, op);
+  if (kind == OS_WRITE_INLINE) return fab_remote_inject_write(c->ep, c->peer, local, size, &e->win, off, op);
+  return fab_remote_write(c->ep, c->peer, local, size, desc, &e->win, off, op);
 }
 
 static fab_result os_start(fab_comm* c, int kind, void* local, size_t size, void* desc, uint64_t remote, uint64_t key,
@@ -353,9 +353,9 @@ fab_result fab_iwrite(void* send_comm, void* src, size_t size, void* src_mhandle
 fab_result fab_iwrite_inline(void* send_comm, void* src, size_t size, uint64_t dest, uint64_t mr_key,
                              void** request) {
   fab_comm* c = fab_obj_get(send_comm, FAB_OBJ_SEND);
-  if (c && rma_capable(c->ep->dev) && size > fab_rma_inline_max(c->ep->dev)) {
+  if (c && rma_capable(c->ep->dev) && size > fab_remote_inline_max(c->ep->dev)) {
     FAB_WARN("iwriteInline: %zu bytes is more than max_write_inline_size (%zu); use iwrite", size,
-             fab_rma_inline_max(c->ep->dev));
+             fab_remote_inline_max(c->ep->dev));
     if (request) *request = NULL;
     return FAB_ERR_INVALID_ARG;
   }

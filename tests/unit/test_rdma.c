@@ -11,7 +11,7 @@
 
 #include "fab_conn.h"
 #include "fab_mr.h"
-#include "fab_rma.h"
+#include "fab_remote.h"
 #include "rdma/rd.h"
 #include "unit_util.h"
 
@@ -330,10 +330,10 @@ Test(rma, window_bounds) {
   fab_op op;
   memset(&op, 0, sizeof(op));
   fab_endpoint* ep = c.sc->ep;
-  cr_assert_eq(fab_rma_writedata(ep, c.sc->peer, buf, 64, NULL, &w, 4090, 0, &op), -FI_EINVAL);
-  cr_assert_eq(fab_rma_write(ep, c.sc->peer, buf, 64, NULL, &w, 4033, &op), -FI_EINVAL);
-  cr_assert_eq(fab_rma_read(ep, c.sc->peer, buf, 64, NULL, &w, 1ull << 63, &op), -FI_EINVAL);
-  cr_assert_eq(fab_rma_inject_writedata(ep, c.sc->peer, buf, 8, &w, 4089, 0, &op), -FI_EINVAL);
+  cr_assert_eq(fab_remote_writedata(ep, c.sc->peer, buf, 64, NULL, &w, 4090, 0, &op), -FI_EINVAL);
+  cr_assert_eq(fab_remote_write(ep, c.sc->peer, buf, 64, NULL, &w, 4033, &op), -FI_EINVAL);
+  cr_assert_eq(fab_remote_read(ep, c.sc->peer, buf, 64, NULL, &w, 1ull << 63, &op), -FI_EINVAL);
+  cr_assert_eq(fab_remote_inject_writedata(ep, c.sc->peer, buf, 8, &w, 4089, 0, &op), -FI_EINVAL);
   close_conn(&c);
 }
 

@@ -19,7 +19,7 @@ static fab_result rd_comm_init(fab_comm* c) {
     return FAB_ERR_SYSTEM;
   }
   memset(s->box, 0, len);
-  int rc = fab_rma_buf_reg(c->ep, s->box, len, FI_REMOTE_WRITE | FI_WRITE, &s->box_mr);
+  int rc = fab_remote_buf_reg(c->ep, s->box, len, FI_REMOTE_WRITE | FI_WRITE, &s->box_mr);
   if (rc != 0) {
     FAB_WARN("connect: registering the rdma mailbox on %s failed: %s", c->ep->dev->name, fi_strerror(-rc));
     free(s->box);
@@ -30,14 +30,14 @@ static fab_result rd_comm_init(fab_comm* c) {
 }
 
 /* The peer may still be announcing into the mailbox (it does not know we
- * closed): retired, not freed (fab_rma_buf_retire). */
+ * closed): retired, not freed (fab_remote_buf_retire). */
 static void rd_comm_fini(fab_comm* c) {
   if (c->kind == FAB_OBJ_RECV) rd_recv_release(c);
   else if (c->kind == FAB_OBJ_SEND) rd_send_release(c);
   rd_eager_fini(c);
   if (c->kind != FAB_OBJ_SEND || !c->ep) return;
   rd_scomm* s = rd_s(c);
-  if (s->box_mr.mr) fab_rma_buf_retire(c->ep, &s->box_mr, s->box);
+  if (s->box_mr.mr) fab_remote_buf_retire(c->ep, &s->box_mr, s->box);
   else free(s->box);
   s->box = NULL;
   s->box_mr.mr = NULL;

@@ -34,7 +34,7 @@
 
 #include <stdio.h>
 
-#include "fab_rma.h"
+#include "fab_remote.h"
 #include "fab_transport.h"
 #include "rd_proto.h"
 #include "fab_tagmap.h"
@@ -69,7 +69,7 @@ typedef struct rd_sreq {
  * the mailbox itself, which the receiver writes. */
 typedef struct rd_scomm {
   rd_ctrl* box; /* RD_SLOTS entries, registered for remote write */
-  fab_rma_buf box_mr;
+  fab_remote_buf box_mr;
   uint8_t landed[RD_SLOTS];    /* set by CTRL completions, cleared when consumed */
   uint32_t next_index;         /* next announcement to consume */
   uint32_t nann, nwait;
@@ -83,7 +83,7 @@ typedef struct rd_scomm {
   uint16_t ring_free;          /* ring slots we may write (credits) */
   _Atomic uint16_t stage_busy; /* staging slots whose write has not completed locally */
   char* stage;                 /* RD_EAGER_SLOTS x slot_size, registered */
-  fab_rma_buf stage_mr;
+  fab_remote_buf stage_mr;
   uint32_t dropped;            /* announcements of eager-served buffers, not acknowledged yet */
   uint32_t acked_sent;         /* consumption last told to the receiver */
 } rd_scomm;
@@ -115,7 +115,7 @@ typedef struct rd_rcomm {
   fab_window box;          /* the sender's mailbox */
   fab_tagmap posted;        /* tag -> buffers so far (ep lock) */
   char* ring;              /* eager ring: RD_EAGER_SLOTS x slot_size, registered for remote write */
-  fab_rma_buf ring_mr;
+  fab_remote_buf ring_mr;
   uint32_t slot_size;      /* 0: no eager path */
   uint16_t ring_held;      /* slots holding a message no posted buffer took yet (ep lock) */
   uint16_t credits;        /* slots copied out, not returned to the sender yet (ep lock) */

@@ -44,7 +44,7 @@ fab_result rd_eager_recv_init(fab_comm* c) {
     FAB_WARN("accept: out of memory for the rdma eager ring (%zu bytes; FABRIC_EAGER_MAX=0 turns it off)", len);
     return FAB_ERR_SYSTEM;
   }
-  int err = fab_rma_buf_reg(c->ep, rc->ring, len, FI_REMOTE_WRITE, &rc->ring_mr);
+  int err = fab_remote_buf_reg(c->ep, rc->ring, len, FI_REMOTE_WRITE, &rc->ring_mr);
   if (err) {
     FAB_WARN("accept: registering the rdma eager ring on %s failed: %s", c->ep->dev->name, fi_strerror(-err));
     free(rc->ring);
@@ -60,7 +60,7 @@ void rd_eager_fini(fab_comm* c) {
     rd_rcomm* rc = rd_r(c);
     fab_tagmap_free(&rc->posted);
     /* the sender may still be writing into the ring: retired, not freed */
-    if (rc->ring_mr.mr && c->ep) fab_rma_buf_retire(c->ep, &rc->ring_mr, rc->ring);
+    if (rc->ring_mr.mr && c->ep) fab_remote_buf_retire(c->ep, &rc->ring_mr, rc->ring);
     else free(rc->ring);
     rc->ring = NULL;
     rc->ring_mr.mr = NULL;
@@ -68,7 +68,7 @@ void rd_eager_fini(fab_comm* c) {
   }
   rd_scomm* s = rd_s(c);
   fab_tagmap_free(&s->sent);
-  fab_rma_buf_dereg(&s->stage_mr); /* only our own writes read it, and they have completed */
+  fab_remote_buf_dereg(&s->stage_mr); /* only our own writes read it, and they have completed */
   free(s->stage);
   s->stage = NULL;
 }
@@ -100,7 +100,7 @@ fab_result rd_eager_connected(fab_comm* c, const void* in, size_t len) {
   }
   size_t len_stage = round_page((size_t)RD_EAGER_SLOTS * w.slot_size);
   s->stage = aligned_alloc(4096, len_stage);
-  if (!s->stage || fab_rma_buf_reg(c->ep, s->stage, len_stage, FI_WRITE | FI_SEND, &s->stage_mr) != 0) {
+  if (!s->stage || fab_remote_buf_reg(c->ep, s->stage, len_stage, FI_WRITE | FI_SEND, &s->stage_mr) != 0) {
     FAB_WARN("connect to %s: no memory for the eager staging buffer (%zu bytes); FABRIC_EAGER_MAX=0 turns the "
              "eager path off", c->peer_name, len_stage);
     free(s->stage);
@@ -135,11 +135,11 @@ ssize_t rd_eager_post(fab_comm* c, fab_req* r) {
   uint64_t data = rd_cq_data(c, RD_EAGER, (uint32_t)slot, (uint32_t)r->size);
   ssize_t rc;
   if (fab_dev_injects(c->ep->dev, total)) { /* the provider copies it: the slot is free on return */
-    rc = fab_rma_inject_writedata(c->ep, c->peer, st, total, &s->ring, off, data, &q->op);
+    rc = fab_remote_inject_writedata(c->ep, c->peer, st, total, &s->ring, off, data, &q->op);
   } else {
     q->eager_slot = slot;
     atomic_fetch_or_explicit(&s->stage_busy, (uint16_t)(1u << slot), memory_order_acq_rel);
-    rc = fab_rma_writedata(c->ep, c->peer, st, total, s->stage_mr.desc, &s->ring, off, data, &q->op);
+    rc = fab_remote_writedata(c->ep, c->peer, st, total, s->stage_mr.desc, &s->ring, off, data, &q->op);
     if (rc != 0) {
       atomic_fetch_and_explicit(&s->stage_busy, (uint16_t)~(1u << slot), memory_order_acq_rel);
       q->eager_slot = -1;
@@ -162,7 +162,7 @@ void rd_eager_ack_if_due(fab_comm* c) {
   if (!s->ring.len || !s->dropped) return;
   if (s->nwait == 0 && s->dropped < RD_SLOTS / 4) return;
   uint64_t data = rd_cq_data(c, RD_EAGER, RD_ACK_SLOT, s->next_index);
-  if (fab_rma_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &s->ring,
+  if (fab_remote_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &s->ring,
                         (uint64_t)RD_EAGER_SLOTS * s->slot_size, data) != 0)
     return; /* next time */
   s->acked_sent = s->next_index;

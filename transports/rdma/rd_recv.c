@@ -31,7 +31,7 @@ static ssize_t announce(fab_comm* c, rd_rsub* b) {
   uint16_t credits = rc->credits; /* eager slots copied out: given back with this announcement */
   rc->credits = 0;
   b->ctrl.credits = credits;
-  ssize_t n = fab_rma_ctl_write(c, &b->ctrl, sizeof(b->ctrl), &rc->box, (uint64_t)entry * sizeof(rd_ctrl),
+  ssize_t n = fab_remote_ctl_write(c, &b->ctrl, sizeof(b->ctrl), &rc->box, (uint64_t)entry * sizeof(rd_ctrl),
                                 rd_cq_data(c, RD_CTRL, 0, entry));
   if (n != 0) {
     rc->credits |= credits;
@@ -87,7 +87,7 @@ static void free_slot(fab_comm* c, uint32_t slot) {
   rc->credits |= (uint16_t)(1u << slot);
   if (__builtin_popcount(rc->credits) < RD_EAGER_SLOTS / 4) return;
   uint64_t data = rd_cq_data(c, RD_CTRL, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
-  if (fab_rma_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box, RD_SLOTS * sizeof(rd_ctrl),
+  if (fab_remote_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box, RD_SLOTS * sizeof(rd_ctrl),
                         data) == 0)
     rc->credits = 0;
 }

@@ -46,7 +46,7 @@ static void fail_send(fab_comm* c, fab_req* r, fab_result rc, const char* msg) {
 static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
   rd_ann* t = &rd_sq(r)->target;
   uint32_t size = r->size > UINT32_MAX ? UINT32_MAX : (uint32_t)r->size;
-  ssize_t rc = fab_rma_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(c, RD_TRUNC, t->slot, size));
+  ssize_t rc = fab_remote_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(c, RD_TRUNC, t->slot, size));
   if (rc == -FI_EAGAIN) return rc;
   char msg[320];
   snprintf(msg, sizeof(msg),
@@ -64,7 +64,7 @@ static ssize_t refuse_truncated(fab_comm* c, fab_req* r) {
  * fails too, rather than waiting for data that never comes. */
 static ssize_t refuse_deregistered(fab_comm* c, fab_req* r) {
   rd_ann* t = &rd_sq(r)->target;
-  ssize_t rc = fab_rma_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(c, RD_TRUNC, t->slot, 0));
+  ssize_t rc = fab_remote_ctl_write(c, &rd_scratch_word, 0, &t->win, 0, rd_cq_data(c, RD_TRUNC, t->slot, 0));
   if (rc == -FI_EAGAIN) return rc;
   char msg[320];
   snprintf(msg, sizeof(msg),
@@ -85,9 +85,9 @@ static ssize_t post(fab_comm* c, fab_req* r) {
   uint64_t data = rd_cq_data(c, RD_DATA, q->target.slot, (uint32_t)r->size);
   ssize_t rc;
   if (fab_dev_injects(c->ep->dev, r->size)) { /* the send is done when the provider says it went */
-    rc = fab_rma_inject_writedata(c->ep, c->peer, q->data, r->size, &q->target.win, 0, data, &q->op);
+    rc = fab_remote_inject_writedata(c->ep, c->peer, q->data, r->size, &q->target.win, 0, data, &q->op);
   } else {
-    rc = fab_rma_writedata(c->ep, c->peer, q->data, r->size, q->desc, &q->target.win, 0, data, &q->op);
+    rc = fab_remote_writedata(c->ep, c->peer, q->data, r->size, q->desc, &q->target.win, 0, data, &q->op);
   }
   if (FAB_LIKELY(rc == 0) || rc == -FI_EAGAIN) return rc;
   char msg[320];

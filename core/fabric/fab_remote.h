@@ -13,8 +13,8 @@
  * for one fi_writedata by itself; nothing here relies on ordering between
  * separate operations.
  */
-#ifndef FAB_RMA_H
-#define FAB_RMA_H
+#ifndef FAB_REMOTE_H
+#define FAB_REMOTE_H
 
 #include "fab_engine.h"
 
@@ -29,7 +29,7 @@ static inline int fab_window_covers(const fab_window* w, uint64_t off, uint64_t 
   return off <= w->len && len <= w->len - off;
 }
 
-/* The bounce pool (fab_rma_buf.c): registered slots for small writes the
+/* The bounce pool (fab_remote_buf.c): registered slots for small writes the
  * provider cannot inject. A taken slot holds a copy of buf; post the write
  * from bytes with desc and &op as its context: when it completes, the slot
  * goes back to the pool and the caller's op completes. If the post fails,
@@ -44,22 +44,22 @@ typedef struct fab_bounce_slot {
   void* desc;
   _Alignas(8) uint8_t bytes[FAB_BOUNCE_BYTES];
 } fab_bounce_slot;
-fab_bounce_slot* fab_rma_bounce_take(fab_endpoint* ep, const void* buf, size_t len, fab_op* op, ssize_t* rc);
-void fab_rma_bounce_give_back(fab_endpoint* ep, fab_bounce_slot* s);
+fab_bounce_slot* fab_bounce_take(fab_endpoint* ep, const void* buf, size_t len, fab_op* op, ssize_t* rc);
+void fab_bounce_give_back(fab_endpoint* ep, fab_bounce_slot* s);
 /* Frees ep's bounce pool; the libfabric endpoint is closed already. */
-void fab_rma_bounce_free(fab_endpoint* ep);
+void fab_bounce_free(fab_endpoint* ep);
 
 /* The most an inline write takes: the provider's inject size, or a bounce
  * slot where that is smaller. */
-static inline size_t fab_rma_inline_max(const fab_device* d) {
+static inline size_t fab_remote_inline_max(const fab_device* d) {
   return d->inject_size > FAB_BOUNCE_BYTES ? d->inject_size : FAB_BOUNCE_BYTES;
 }
 
 /* Each returns 0, -FI_EAGAIN (retry after progress), -FI_EINVAL (outside
  * the window: nothing was posted) or another negative fi errno. */
-ssize_t fab_rma_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
+ssize_t fab_remote_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                           const fab_window* w, uint64_t off, uint64_t data, fab_op* op);
-ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
+ssize_t fab_remote_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                       const fab_window* w, uint64_t off, fab_op* op);
 /* Inline: buf may be reused at once, yet op still completes or fails later,
  * so it must outlive the operation. Where the provider cannot inject len bytes
@@ -71,31 +71,31 @@ ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t 
  * connection) with no operation context, and ofi_rxm dereferences that
  * (docs/known-bugs.md). On intra-host providers the write is placed before
  * the post returns, and op's handler runs before this returns 0. */
-ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
+ssize_t fab_remote_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
                                  const fab_window* w, uint64_t off, uint64_t data, fab_op* op);
 /* The same without CQ data (a runtime's inline write into a peer's window,
  * core/onesided/fab_p2p_rma.c): buf needs no registration. */
-ssize_t fab_rma_inject_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
+ssize_t fab_remote_inject_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
                              uint64_t off, fab_op* op);
 /* A transport's control write on comm c (an announcement, credits): inline,
  * counted in c->inflight until c->ctl_op completes it; a failure fails the
  * comm (fab_comm_ctl_done). ep lock held. */
-ssize_t fab_rma_ctl_write(fab_comm* c, const void* buf, size_t len, const fab_window* w, uint64_t off,
+ssize_t fab_remote_ctl_write(fab_comm* c, const void* buf, size_t len, const fab_window* w, uint64_t off,
                           uint64_t data);
-ssize_t fab_rma_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, void* desc, const fab_window* w,
+ssize_t fab_remote_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, void* desc, const fab_window* w,
                      uint64_t off, fab_op* op);
 
 /* A buffer of our own that peers write into (a transport's mailbox): registered
  * for remote access on dev's domain, described as the window peers use. */
-typedef struct fab_rma_buf {
+typedef struct fab_remote_buf {
   struct fid_mr* mr;
   void* desc;
   fab_window win;
-} fab_rma_buf;
+} fab_remote_buf;
 /* Registers buf for the given access on ep's device, bound to ep where the
  * provider asks (FI_MR_ENDPOINT). 0 or a negative fi errno. */
-int fab_rma_buf_reg(fab_endpoint* ep, void* buf, size_t len, uint64_t access, fab_rma_buf* out);
-void fab_rma_buf_dereg(fab_rma_buf* b);
+int fab_remote_buf_reg(fab_endpoint* ep, void* buf, size_t len, uint64_t access, fab_remote_buf* out);
+void fab_remote_buf_dereg(fab_remote_buf* b);
 
 /* A buffer of our own whose peer may still be writing into it when its owner
  * goes (a closed comm's mailbox: the peer does not know yet). Freeing it at
@@ -105,8 +105,8 @@ void fab_rma_buf_dereg(fab_rma_buf* b);
  * libfabric endpoint is closed. mem is free()d. ep lock held, or ep being
  * destroyed. */
 enum { FAB_RETIRE_GRACE_MS = 10000 };
-void fab_rma_buf_retire(fab_endpoint* ep, fab_rma_buf* b, void* mem);
+void fab_remote_buf_retire(fab_endpoint* ep, fab_remote_buf* b, void* mem);
 /* Frees retired buffers older than the grace period (all: every one). */
-void fab_rma_retired_free(fab_endpoint* ep, int all);
+void fab_remote_retired_free(fab_endpoint* ep, int all);
 
-#endif /* FAB_RMA_H */
+#endif /* FAB_REMOTE_H */

@@ -1,5 +1,5 @@
 /*
- * Registered buffers of our own (core/fabric/fab_rma.h): a transport's mailboxes and
+ * Registered buffers of our own (core/fabric/fab_remote.h): a transport's mailboxes and
  * rings, the ones retired while a peer may still write into them, and the
  * endpoint's bounce pool.
  *
@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fab_rma.h"
+#include "fab_remote.h"
 
-int fab_rma_buf_reg(fab_endpoint* ep, void* buf, size_t len, uint64_t access, fab_rma_buf* out) {
+int fab_remote_buf_reg(fab_endpoint* ep, void* buf, size_t len, uint64_t access, fab_remote_buf* out) {
   fab_device* dev = ep->dev;
   fab_domain* dom = dev->dom;
   uint64_t key = dev->prov_key ? 0 : atomic_fetch_add(&dom->next_key, 1);
@@ -38,32 +38,32 @@ int fab_rma_buf_reg(fab_endpoint* ep, void* buf, size_t len, uint64_t access, fa
   return 0;
 }
 
-void fab_rma_buf_dereg(fab_rma_buf* b) {
+void fab_remote_buf_dereg(fab_remote_buf* b) {
   if (b->mr) fi_close(&b->mr->fid);
   b->mr = NULL;
 }
 
 typedef struct retired_buf {
   fab_list node;
-  fab_rma_buf buf;
+  fab_remote_buf buf;
   void* mem;
   int64_t since_ms;
 } retired_buf;
 
-void fab_rma_retired_free(fab_endpoint* ep, int all) {
+void fab_remote_retired_free(fab_endpoint* ep, int all) {
   int64_t now = fab_now_ms();
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->retired) {
     retired_buf* r = FAB_CONTAINER_OF(it, retired_buf, node);
     if (!all && now - r->since_ms < FAB_RETIRE_GRACE_MS) continue;
     fab_list_del(&r->node);
-    fab_rma_buf_dereg(&r->buf);
+    fab_remote_buf_dereg(&r->buf);
     free(r->mem);
     free(r);
   }
 }
 
-void fab_rma_buf_retire(fab_endpoint* ep, fab_rma_buf* b, void* mem) {
-  fab_rma_retired_free(ep, 0); /* the old ones go as new ones come: bounded by closes per grace period */
+void fab_remote_buf_retire(fab_endpoint* ep, fab_remote_buf* b, void* mem) {
+  fab_remote_retired_free(ep, 0); /* the old ones go as new ones come: bounded by closes per grace period */
   retired_buf* r = malloc(sizeof(*r));
   if (!r) { /* out of memory: keep the registration and the memory for good rather than risk a late write */
     FAB_INFO(FAB_SUBSYS_NET, "out of memory retiring a buffer on %s; it stays allocated", ep->dev->name);
@@ -81,7 +81,7 @@ enum { FAB_BOUNCE_CHUNK = 256, FAB_BOUNCE_CHUNKS = 64 };
 
 struct fab_bounce_chunk {
   struct fab_bounce_chunk* next;
-  fab_rma_buf reg;
+  fab_remote_buf reg;
   fab_bounce_slot slots[FAB_BOUNCE_CHUNK];
 };
 
@@ -99,7 +99,7 @@ static void slot_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_en
 static int grow(fab_endpoint* ep, fab_bounce_pool* pool) {
   struct fab_bounce_chunk* ch = calloc(1, sizeof(*ch));
   if (!ch) return -FI_ENOMEM;
-  int rc = fab_rma_buf_reg(ep, ch, sizeof(*ch), FI_WRITE, &ch->reg);
+  int rc = fab_remote_buf_reg(ep, ch, sizeof(*ch), FI_WRITE, &ch->reg);
   if (rc != 0) {
     free(ch);
     return rc;
@@ -128,7 +128,7 @@ static fab_bounce_pool* pool_of(fab_endpoint* ep) {
   return pool;
 }
 
-void fab_rma_bounce_give_back(fab_endpoint* ep, fab_bounce_slot* s) {
+void fab_bounce_give_back(fab_endpoint* ep, fab_bounce_slot* s) {
   fab_bounce_pool* pool = atomic_load_explicit(&ep->bounce, memory_order_acquire);
   pthread_mutex_lock(&pool->lock);
   s->next_free = pool->free_slots;
@@ -139,11 +139,11 @@ void fab_rma_bounce_give_back(fab_endpoint* ep, fab_bounce_slot* s) {
 static void slot_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_bounce_slot* s = (fab_bounce_slot*)op;
   fab_op* user = s->user;
-  fab_rma_bounce_give_back(op->owner, s);
+  fab_bounce_give_back(op->owner, s);
   user->fn(user, done, err);
 }
 
-fab_bounce_slot* fab_rma_bounce_take(fab_endpoint* ep, const void* buf, size_t len, fab_op* op, ssize_t* rc) {
+fab_bounce_slot* fab_bounce_take(fab_endpoint* ep, const void* buf, size_t len, fab_op* op, ssize_t* rc) {
   if (FAB_UNLIKELY(len > FAB_BOUNCE_BYTES)) {
     *rc = -FI_EMSGSIZE;
     return NULL;
@@ -185,12 +185,12 @@ fab_bounce_slot* fab_rma_bounce_take(fab_endpoint* ep, const void* buf, size_t l
   return s;
 }
 
-void fab_rma_bounce_free(fab_endpoint* ep) {
+void fab_bounce_free(fab_endpoint* ep) {
   fab_bounce_pool* pool = atomic_exchange(&ep->bounce, NULL);
   if (!pool) return;
   for (struct fab_bounce_chunk *ch = pool->chunks, *next; ch; ch = next) {
     next = ch->next;
-    fab_rma_buf_dereg(&ch->reg);
+    fab_remote_buf_dereg(&ch->reg);
     free(ch);
   }
   pthread_mutex_destroy(&pool->lock);

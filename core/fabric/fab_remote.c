@@ -1,5 +1,5 @@
 /* One-sided operations with the window check in front of every post. */
-#include "fab_rma.h"
+#include "fab_remote.h"
 
 /* Every write posted as a message goes through here. Above the inject size
  * it takes the device's completion level (dev->write_flags:
@@ -21,14 +21,14 @@ static ssize_t write_msg(fab_endpoint* ep, fi_addr_t peer, const void* buf, size
   return fi_writemsg(ep->ep, &msg, flags | FI_COMPLETION | level);
 }
 
-ssize_t fab_rma_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
+ssize_t fab_remote_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                           const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (ep->dev->write_flags) return write_msg(ep, peer, buf, len, desc, w, off, data, FI_REMOTE_CQ_DATA, op);
   return fi_writedata(ep->ep, buf, len, desc, data, peer, w->addr + off, w->key, &op->ctx);
 }
 
-ssize_t fab_rma_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
+ssize_t fab_remote_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                       const fab_window* w, uint64_t off, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (ep->dev->write_flags) return write_msg(ep, peer, buf, len, desc, w, off, 0, 0, op);
@@ -53,15 +53,15 @@ static ssize_t inject_placed(fab_endpoint* ep, fi_addr_t peer, const void* buf, 
 static ssize_t bounce_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
                             uint64_t off, const uint64_t* data, fab_op* op) {
   ssize_t rc = 0;
-  fab_bounce_slot* s = fab_rma_bounce_take(ep, buf, len, op, &rc);
+  fab_bounce_slot* s = fab_bounce_take(ep, buf, len, op, &rc);
   if (!s) return rc;
-  rc = data ? fab_rma_writedata(ep, peer, s->bytes, len, s->desc, w, off, *data, &s->op)
-            : fab_rma_write(ep, peer, s->bytes, len, s->desc, w, off, &s->op);
-  if (rc != 0) fab_rma_bounce_give_back(ep, s);
+  rc = data ? fab_remote_writedata(ep, peer, s->bytes, len, s->desc, w, off, *data, &s->op)
+            : fab_remote_write(ep, peer, s->bytes, len, s->desc, w, off, &s->op);
+  if (rc != 0) fab_bounce_give_back(ep, s);
   return rc;
 }
 
-ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
+ssize_t fab_remote_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len,
                                  const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (FAB_UNLIKELY(!fab_dev_injects(ep->dev, len))) return bounce_write(ep, peer, buf, len, w, off, &data, op);
@@ -69,7 +69,7 @@ ssize_t fab_rma_inject_writedata(fab_endpoint* ep, fi_addr_t peer, const void* b
   return write_msg(ep, peer, buf, len, NULL, w, off, data, FI_REMOTE_CQ_DATA, op); /* inline: len fits */
 }
 
-ssize_t fab_rma_inject_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
+ssize_t fab_remote_inject_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, const fab_window* w,
                              uint64_t off, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (FAB_UNLIKELY(!fab_dev_injects(ep->dev, len))) return bounce_write(ep, peer, buf, len, w, off, NULL, op);
@@ -77,15 +77,15 @@ ssize_t fab_rma_inject_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, 
   return write_msg(ep, peer, buf, len, NULL, w, off, 0, 0, op); /* inline: len fits */
 }
 
-ssize_t fab_rma_ctl_write(fab_comm* c, const void* buf, size_t len, const fab_window* w, uint64_t off,
+ssize_t fab_remote_ctl_write(fab_comm* c, const void* buf, size_t len, const fab_window* w, uint64_t off,
                           uint64_t data) {
   atomic_fetch_add_explicit(&c->inflight, 1, memory_order_relaxed);
-  ssize_t rc = fab_rma_inject_writedata(c->ep, c->peer, buf, len, w, off, data, &c->ctl_op);
+  ssize_t rc = fab_remote_inject_writedata(c->ep, c->peer, buf, len, w, off, data, &c->ctl_op);
   if (rc != 0) atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_relaxed);
   return rc;
 }
 
-ssize_t fab_rma_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, void* desc, const fab_window* w,
+ssize_t fab_remote_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, void* desc, const fab_window* w,
                      uint64_t off, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   return fi_read(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
