@@ -241,11 +241,14 @@ static void print_json(const info_report* r, int failed) {
 
 static int usage(const char* argv0, FILE* to, int status) {
   fprintf(to,
-          "usage: %s [--json] [--selftest] [--bytes SIZE] [--timeout-ms N] [--plugin PATH] [--version] [--help]\n"
+          "usage: %s [--json] [--selftest] [--bytes SIZE] [--timeout-ms N] [--profiles] [--plugin PATH] [--version]\n"
+          "       [--help]\n"
           "  What the NCCL net plugin sees on this machine: libfabric and its providers, the settings that steer\n"
           "  the plugin, its exported tables, and every device as each exported net version reports it.\n"
           "  --selftest    also move SIZE bytes (default 64M) between two processes through the plugin's newest\n"
           "                net table and check every byte\n"
+          "  --profiles    also what the plugin chooses (transport, one-sided calls) under each test-only NIC\n"
+          "                profile (FABRIC_NIC_PROFILE: EFA's, verbs', cxi's limits imposed on this provider)\n"
           "  --plugin PATH the library (default: libnccl-net-fabric.so, found the way NCCL finds it)\n"
           "  --version     this tool's version and commit (the plugin's own is in its report: \"fabric x.y.z\")\n"
           "  Exit status 0: all is well; 1: something is wrong (the report says what); 2: bad command line.\n",
@@ -315,7 +318,7 @@ static int parse_size(const char* s, size_t* out) {
 }
 
 int main(int argc, char** argv) {
-  int json = 0, selftest = 0, timeout_ms = 60000;
+  int json = 0, selftest = 0, profiles = 0, timeout_ms = 60000;
   size_t bytes = (size_t)64 << 20;
   const char* plugin = NULL; /* --plugin: that file, as given; else the one NCCL would load */
   char nccl_name[300];
@@ -323,13 +326,15 @@ int main(int argc, char** argv) {
       {"help", no_argument, NULL, 'h'},      {"version", no_argument, NULL, 'V'},
       {"json", no_argument, NULL, 'j'},      {"selftest", no_argument, NULL, 's'},
       {"plugin", required_argument, NULL, 'p'}, {"bytes", required_argument, NULL, 'b'},
-      {"timeout-ms", required_argument, NULL, 't'}, {NULL, 0, NULL, 0}};
+      {"timeout-ms", required_argument, NULL, 't'}, {"profiles", no_argument, NULL, 'P'},
+      {NULL, 0, NULL, 0}};
   for (int c; (c = getopt_long(argc, argv, "h", opts, NULL)) != -1;) {
     switch (c) {
       case 'h': return usage(argv[0], stdout, 0);
       case 'V': printf("fabric-info %s (commit %s)\n", FAB_VERSION, FAB_COMMIT); return 0;
       case 'j': json = 1; break;
       case 's': selftest = 1; break;
+      case 'P': profiles = 1; break;
       case 'p': plugin = optarg; break;
       case 'b':
         if (parse_size(optarg, &bytes)) return usage(argv[0], stderr, 2);
@@ -348,5 +353,6 @@ int main(int argc, char** argv) {
   if (selftest && !r.load_error[0]) failed |= info_selftest(&r, plugin, bytes, timeout_ms) != 0;
   if (json) print_json(&r, failed);
   else print_text(&r, failed);
+  if (profiles && !json && !r.load_error[0]) failed |= info_profiles(plugin) != 0;
   return failed ? 1 : 0;
 }

@@ -8,6 +8,8 @@
  *                    each net version reports for each device
  *   info_selftest.c  two processes, one sends the other a transfer through
  *                    the newest net table, every byte checked
+ *   info_profiles.c  --profiles: the transport and one-sided calls under
+ *                    each test-only NIC profile
  *   fabric_info.c    the command line, and the report as text or JSON
  */
 #ifndef FABRIC_INFO_H
@@ -70,6 +72,11 @@ int info_probe(info_report* r, const char* plugin_path);
 /* The loopback self-test through the newest net table; 0 when every byte
  * arrived. Runs in two processes (it forks). */
 int info_selftest(info_report* r, const char* plugin_path, size_t bytes, int timeout_ms);
+
+/* --profiles: a table of what the plugin chooses under each test-only NIC
+ * profile (FABRIC_NIC_PROFILE), each probed in a child process; 0 when it
+ * started under every one. Prints as it goes. */
+int info_profiles(const char* plugin_path);
 
 /* The plugin's log lines, captured for the report (a fab_logger_fn). */
 void info_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...);
