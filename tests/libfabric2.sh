@@ -82,9 +82,10 @@ fn=$top/build/tests/functional
 # tcp with the sendrecv transport: close_then_free breaks the connection on 2.x's tcp (docs/known-bugs.md)
 known_tcp_sendrecv="close_then_free"
 # shm with the sendrecv transport: a stripe left unmatched by a rail failed from inside crashes shm's close;
-# rails_stripe_truncated's child segfaults in most runs; close_mid_transfer_bystanders crashes where a send
-# whose receive was cancelled still reads its freed buffer (docs/known-bugs.md, open)
-known_shm_sendrecv="rails_fail_mid_split|rails_stripe_truncated|close_mid_transfer_bystanders"
+# rails_stripe_truncated's child segfaults in most runs; close_mid_transfer_bystanders and
+# closed_with_sends_bounded crash in shm's smr_discard when an endpoint holding a peer's unmatched messages
+# closes after that peer's region went (docs/known-bugs.md, open)
+known_shm_sendrecv="rails_fail_mid_split|rails_stripe_truncated|close_mid_transfer_bystanders|closed_with_sends_bounded"
 for case in "tcp rdma" "tcp sendrecv" "shm sendrecv" "shm rdma"; do
   set -- $case
   skip="connect_close_cycles"

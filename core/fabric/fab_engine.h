@@ -546,6 +546,12 @@ void fab_comm_fail(fab_comm* c, fab_result rc, const char* why);
  * the two ends disagree on what they exchange (and some providers reset the
  * connection under it). ep lock held. */
 void fab_comm_truncated(fab_comm* c);
+/* A message on recv comm c was larger than its receive, and its sender may
+ * not know: its send may have completed (sendrecv: the overflow went into the
+ * provider's sink; rdma: an eager write). The sending comm is told (a
+ * FAB_NOTE_TRUNCATED message, fab_pwin_apply) and fails at its next call.
+ * Best effort: a sender that is gone learns nothing. ep lock held. */
+void fab_comm_tell_truncated(fab_comm* c, int tag, size_t size, size_t over);
 
 /* fab_peer.c: peers on this host (local-only providers with our endpoint
  * names). 1 with why set when the peer at addr is gone (its process or its

@@ -25,11 +25,7 @@ void fab_req_first_use(fab_comm* c, fab_req* r) {
 static const char* dir_word(const fab_req* r) { return r->type == FAB_REQ_SEND ? "send" : "receive"; }
 static const char* peer_word(const fab_req* r) { return r->type == FAB_REQ_SEND ? "to" : "from"; }
 
-/* A message on recv comm c was larger than its receive: the sender's send
- * may have completed (the overflow went into the provider's sink), so its
- * comm is told (fab_pwin_apply) and fails at its next call. Best effort: a
- * sender that is gone learns nothing. ep lock held. */
-static void tell_sender_truncated(fab_comm* c, int tag, size_t size, size_t over) {
+void fab_comm_tell_truncated(fab_comm* c, int tag, size_t size, size_t over) {
   fab_wire_window m;
   fab_wire_window_encode(&m, FAB_NOTE_TRUNCATED, c->peer_id, c->local_id, c->conn_id, (uint32_t)tag, size, 0, over, 0);
   int rc = fab_ep_send_ctl(c->ep, c->peer, &m, sizeof(m));
@@ -70,7 +66,7 @@ size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_er
              size, tag, c->peer_name, excess);
     got = err->len;
     fab_comm_truncated(c);
-    if (c->kind == FAB_OBJ_RECV) tell_sender_truncated(c, tag, size, err->olen);
+    if (c->kind == FAB_OBJ_RECV) fab_comm_tell_truncated(c, tag, size, err->olen);
   } else {
     char buf[192] = "";
     /* the returned text: a provider may answer with a string of its own and leave buf untouched */

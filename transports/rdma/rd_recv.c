@@ -251,6 +251,8 @@ void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint
     r->result = FAB_ERR_INVALID_USAGE;
     r->errmsg = strdup(msg);
     fab_comm_truncated(c);
+    if (src) /* an eager write: its sender never saw this buffer's size */
+      fab_comm_tell_truncated(c, b->ctrl.tag, b->size, size == RD_SIZE_UNKNOWN ? 0 : size - b->size);
   }
   sub_finish(b);
   fab_req_op_done(r, 1);
