@@ -100,7 +100,9 @@ int fab_conn_refusals_retry(fab_endpoint* ep) {
     }
     fab_ep_nclosing_add(ep, -1);
     gone++;
-    if (rc != 0) refusal_lost(r, rc == -FI_EAGAIN ? "the provider took no send for 5000 ms" : fi_strerror(-rc));
+    char why[64];
+    snprintf(why, sizeof(why), "the provider took no send for %d ms", FAB_ANSWER_RETRY_MS);
+    if (rc != 0) refusal_lost(r, rc == -FI_EAGAIN ? why : fi_strerror(-rc));
   }
   return gone;
 }

@@ -619,7 +619,7 @@ static void ctl_msg_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err
   ctl_msg_destroy(&m->park);
 }
 
-int fab_ep_send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len) {
+static int send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len, int wait) {
   ctl_msg* m = calloc(1, sizeof(*m) + len);
   void* desc = NULL;
   if (!m) return -FI_ENOMEM;
@@ -629,7 +629,7 @@ int fab_ep_send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t le
   fab_op_init(&m->op, ctl_msg_done, m, 0);
   int rc = fab_ep_ctrl_reg(ep, m->buf, len, &m->mr, &desc);
   int64_t until = fab_now_ms() + fab_g.params.connect_timeout_ms;
-  while (rc == 0 && (rc = (int)fi_send(ep->ep, m->buf, len, desc, peer, &m->op.ctx)) == -FI_EAGAIN &&
+  while (rc == 0 && (rc = (int)fi_send(ep->ep, m->buf, len, desc, peer, &m->op.ctx)) == -FI_EAGAIN && wait &&
          fab_now_ms() < until)
     fab_ep_progress_locked(ep);
   if (rc != 0) {
@@ -638,6 +638,14 @@ int fab_ep_send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t le
   }
   fab_ep_park(ep, &m->park);
   return 0;
+}
+
+int fab_ep_send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len) {
+  return send_ctl(ep, peer, msg, len, 1);
+}
+
+int fab_ep_send_ctl_once(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len) {
+  return send_ctl(ep, peer, msg, len, 0);
 }
 
 /* Control buffers need a descriptor on FI_MR_LOCAL providers. */

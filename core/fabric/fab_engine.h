@@ -504,9 +504,12 @@ static inline int fab_ep_bind_mr(fab_endpoint* ep, struct fid_mr* mr) {
 void fab_ep_ctrl_dereg(struct fid_mr* mr);
 /* Sends a copy of msg (an untagged control message) to peer, best effort:
  * the copy frees itself when the send completes or fails. Retries while the
- * provider is busy, up to FABRIC_CONNECT_TIMEOUT_MS. 0 or a negative fi
- * errno. ep lock held. */
+ * provider is busy, driving ep, up to FABRIC_CONNECT_TIMEOUT_MS. 0 or a
+ * negative fi errno. ep lock held. */
 int fab_ep_send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len);
+/* The same, tried once (-FI_EAGAIN when the provider is busy): for callers
+ * inside a completion, which must not drive the endpoint again. */
+int fab_ep_send_ctl_once(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len);
 /* The comm id table. set/clear under ep->lock (set returns -1 when out of
  * memory); get is lock-free and returns NULL for an unknown or cleared id. */
 int fab_ep_id_set(fab_endpoint* ep, uint32_t id, fab_comm* c);
@@ -550,7 +553,9 @@ void fab_comm_truncated(fab_comm* c);
  * not know: its send may have completed (sendrecv: the overflow went into the
  * provider's sink; rdma: an eager write). The sending comm is told (a
  * FAB_NOTE_TRUNCATED message, fab_pwin_apply) and fails at its next call.
- * Best effort: a sender that is gone learns nothing. ep lock held. */
+ * Best effort, one try: a sender that is gone, or a provider busy at that
+ * instant, and the sender learns nothing (an INFO line says so). ep lock
+ * held. */
 void fab_comm_tell_truncated(fab_comm* c, int tag, size_t size, size_t over);
 
 /* fab_peer.c: peers on this host (local-only providers with our endpoint

@@ -112,8 +112,9 @@ void fab_pwin_apply(fab_comm* c, const fab_wire_window* m) {
 void fab_pwin_hold(fab_comm* c, const fab_wire_window* m) {
   fab_pwin* p = fab_pwin_get(c);
   if (p && p->nheld >= FAB_PWIN_HELD) {
-    FAB_WARN("%s: more than %d window messages came before the answer to the connect; the rest are dropped (a "
-             "foreign or corrupted sender)", c->ep->dev->name, FAB_PWIN_HELD);
+    if (!p->held_dropped++) /* one WARN per connect, however many follow */
+      FAB_WARN("%s: more than %d window messages came before the answer to the connect; the rest are dropped (a "
+               "foreign or corrupted sender)", c->ep->dev->name, FAB_PWIN_HELD);
     return;
   }
   if (!p || grow((void**)&p->held, &p->cap_held, p->nheld, sizeof(*p->held)) != 0) {

@@ -57,6 +57,7 @@ typedef struct fab_pwin {
   uint64_t next_id;     /* our offers' ids */
   fab_wire_window* held; /* messages that came before the answer to our connect (fab_pwin_hold) */
   size_t nheld, cap_held;
+  uint32_t held_dropped;  /* beyond FAB_PWIN_HELD: dropped, the first with a WARN */
   /* withdrawals (ep lock): ours, numbered, each answered once the peer has
    * nothing in flight into the window; the peer's, answered the same way */
   uint64_t withdrawals, withdrawals_acked;
