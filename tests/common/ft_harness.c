@@ -504,29 +504,24 @@ static int shm_region_of(const char* name, pid_t pid) {
   return colons == 1;
 }
 
-int ft_shm_count(pid_t pid) {
+/* Counts pid's regions under /dev/shm, removing each when unlink is set. */
+static int each_region(pid_t pid, int unlink_them) {
   DIR* d = opendir("/dev/shm");
   if (!d) return 0;
   int n = 0;
-  for (struct dirent* e; (e = readdir(d)) != NULL;) n += shm_region_of(e->d_name, pid);
+  for (struct dirent* e; (e = readdir(d)) != NULL;) {
+    if (!shm_region_of(e->d_name, pid)) continue;
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+    if (!unlink_them || unlink(path) == 0) n++;
+  }
   closedir(d);
   return n;
 }
 
-int ft_shm_cleanup(pid_t pid) {
-  DIR* d = opendir("/dev/shm");
-  if (!d) return 0;
-  int removed = 0;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL) {
-    if (!shm_region_of(e->d_name, pid)) continue;
-    char path[300];
-    snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
-    if (unlink(path) == 0) removed++;
-  }
-  closedir(d);
-  return removed;
-}
+int ft_shm_count(pid_t pid) { return each_region(pid, 0); }
+
+int ft_shm_cleanup(pid_t pid) { return each_region(pid, 1); }
 
 /* ------------------------------------------------------------------------ */
 /* sanitizers                                                                */
