@@ -29,6 +29,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->delivery_complete = -1;
   params->gpu_memory = -1;
   params->eager_max = 0u;
+  params->tagged_max = 16384u;
   params->gpu_emulate = 0;
   params->rma_stage_slots = 8;
   params->rma_stage_bytes = 262144u;
@@ -51,6 +52,7 @@ const char* const fab_param_names[] = {
     "FABRIC_DELIVERY_COMPLETE",
     "FABRIC_GPU_MEMORY",
     "FABRIC_EAGER_MAX",
+    "FABRIC_TAGGED_MAX",
     "FABRIC_GPU_EMULATE",
     "FABRIC_RMA_STAGE_SLOTS",
     "FABRIC_RMA_STAGE_BYTES",
@@ -314,6 +316,19 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->eager_max = (size_t)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_TAGGED_MAX")) != NULL) {
+    unsigned long long v;
+    if (parse_size(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_TAGGED_MAX=%s is not a size (bytes, optional K/M/G/T); using 16384", s);
+      bad++;
+    } else if (v > 65536u) {
+      complain(errbuf, errbuf_size, "FABRIC_TAGGED_MAX=%s is outside %zu..%zu; using 16384", s, (size_t)0u, (size_t)65536u);
+      bad++;
+    } else {
+      params->tagged_max = (size_t)v;
     }
   }
 

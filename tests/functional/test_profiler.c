@@ -66,9 +66,13 @@ static void check_event(int op, int tag, int sub, uint64_t size, int transport, 
   FT_CHECK(start->e.transport == transport && stop->e.transport == transport, "%s: transport %d/%d, expected %d", what,
            start->e.transport, stop->e.transport, transport);
   FT_CHECK(start->peer[0] != '\0' && start->e.conn_id != 0, "%s: no peer name or connection id", what);
+  /* rdma: a message up to FABRIC_TAGGED_MAX (16384 unless set) goes as one tagged message, a larger one is written */
+  const char* tm = getenv("FABRIC_TAGGED_MAX");
+  uint64_t tagged_max = tm ? strtoull(tm, NULL, 0) : 16384;
   int paths_ok = transport == FAB_PROF_TRANSPORT_SENDRECV
                      ? start->e.path == FAB_PROF_PATH_MESSAGE && stop->e.path == FAB_PROF_PATH_MESSAGE
-                     : stop->e.path == FAB_PROF_PATH_WRITE || stop->e.path == FAB_PROF_PATH_EAGER;
+                 : size <= tagged_max ? stop->e.path == FAB_PROF_PATH_MESSAGE
+                                      : stop->e.path == FAB_PROF_PATH_WRITE || stop->e.path == FAB_PROF_PATH_EAGER;
   FT_CHECK(paths_ok, "%s: paths %d -> %d on transport %d", what, start->e.path, stop->e.path, transport);
 }
 

@@ -45,8 +45,11 @@ static void rd_comm_fini(fab_comm* c) {
 
 static size_t rd_connect_payload(fab_comm* c, void* buf, size_t cap) {
   rd_scomm* s = rd_s(c);
+  size_t tagged_max = fab_g.params.tagged_max < c->max_bytes ? fab_g.params.tagged_max : c->max_bytes;
+  s->tagged_max = (uint32_t)tagged_max;
+  s->tcredits = RD_TAGGED_CREDITS;
   rd_hello h = {.box_addr = s->box_mr.win.addr, .box_key = s->box_mr.win.key, .box_slots = RD_SLOTS,
-               .cq_bytes = rd_cq_bytes(c)};
+               .cq_bytes = rd_cq_bytes(c), .tagged_max = s->tagged_max};
   _Static_assert(sizeof(h) <= FAB_TP_MAX, "rd_hello fits the handshake");
   memcpy(buf, &h, sizeof(h));
   return sizeof(h);
@@ -73,6 +76,7 @@ static fab_result rd_accept_payload(fab_comm* c, const void* in, size_t in_len, 
     return FAB_ERR_REMOTE;
   }
   rd_rcomm* r = rd_r(c);
+  r->asked = h.tagged_max > 0;
   r->box = (fab_window){.addr = h.box_addr, .len = RD_SLOTS * sizeof(rd_ctrl) + RD_SCRATCH, .key = h.box_key};
   *out_len = rd_eager_welcome(c, out, cap);
   return FAB_OK;
@@ -120,6 +124,7 @@ static void rd_remote_data(fab_endpoint* ep, const fab_cqe* e) {
 
 static void rd_init_req(fab_comm* c, fab_req* r) {
   if (c->kind == FAB_OBJ_SEND) rd_send_init_req(c, r);
+  else rd_recv_init_req(c, r);
 }
 
 static void rd_progress(fab_comm* c, fab_req* r) {
@@ -146,12 +151,16 @@ static void rd_sizes(fab_req* r, int* sizes) {
 static uint8_t rd_prof_path(fab_req* r, int sub) {
   if (r->type == FAB_REQ_SEND) {
     rd_sreq* q = rd_sq(r);
+    if (q->ts == RD_TS_DATA) return FAB_PROF_PATH_MESSAGE;
     /* read while another thread may post it (under the ep lock): a report, not a decision */
     if (atomic_load_explicit(&q->eager, memory_order_relaxed)) return FAB_PROF_PATH_EAGER;
     return __atomic_load_n(&q->matched, __ATOMIC_RELAXED) ? FAB_PROF_PATH_WRITE : FAB_PROF_PATH_CONTROL;
   }
   rd_rsub* b = &rd_rq(r)->sub[sub];
-  if (atomic_load_explicit(&b->state, memory_order_acquire) != RD_SUB_DONE) return FAB_PROF_PATH_CONTROL;
+  int st = atomic_load_explicit(&b->state, memory_order_acquire);
+  if (st == RD_SUB_UNPOSTED || st == RD_SUB_LISTENING) return FAB_PROF_PATH_MESSAGE;
+  if (st != RD_SUB_DONE) return FAB_PROF_PATH_CONTROL;
+  if (b->via_tag) return FAB_PROF_PATH_MESSAGE;
   return b->eager ? FAB_PROF_PATH_EAGER : FAB_PROF_PATH_WRITE;
 }
 

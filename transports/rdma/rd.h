@@ -17,6 +17,17 @@
  *  A send larger than its (announced) buffer is never written: the send fails
  *  as truncated and a TRUNC notice fails the receive the same way.
  *
+ * Asked announcements (FABRIC_TAGGED_MAX > 0, the connector's value; rd_tagged.c):
+ *  irecv: each buffer is posted as a tagged receive (its connection's data
+ *         tag, the domain's sink after it) and announced only when a sender
+ *         asks for it.
+ *  isend: a message of at most tagged_max bytes is one tagged message into
+ *         that receive; a larger one sends a request-to-send (a tagged
+ *         message of 0 bytes with remote CQ data), which the receive takes,
+ *         and waits for the announcement that answers it, then is written as
+ *         above. Tagged matching (FI_ORDER_SAS, first posted receive with the
+ *         tag) pairs the k-th send with the k-th buffer, as the ordinal does.
+ *
  * Mailbox flow control: the sender consumes announcements in index order,
  * so the receiver's data arrival for buffer j proves every announcement up
  * to j consumed (eager headers and acknowledgements say it otherwise);
@@ -40,6 +51,10 @@
 #include "fab_tagmap.h"
 
 enum { RD_SEND_REQS = FAB_MAX_REQUESTS * FAB_MAX_RECVS, RD_RECV_REQS = 2 * FAB_MAX_REQUESTS };
+/* Asked announcements: tagged messages a sender may have sent that its
+ * receiver has not taken yet (each may sit in the receiver's provider until
+ * its receive is posted); the receiver gives them back in batches of half. */
+enum { RD_TAGGED_CREDITS = 128 };
 _Static_assert(RD_RECV_REQS * FAB_MAX_RECVS <= RD_SLOTS, "a slot names a request and a buffer; at most RD_SLOTS");
 _Static_assert(RD_SLOTS <= RD_ONESIDED_SLOT, "the one-sided slot names no receive");
 
@@ -52,6 +67,14 @@ typedef struct rd_ann {
   uint16_t slot;
 } rd_ann;
 
+/* A send under asked announcements (rd_tagged.c). */
+enum {
+  RD_TS_NONE = 0,   /* announced at post by its receiver (tagged_max 0) */
+  RD_TS_DATA = 1,   /* goes as one tagged message, not posted yet */
+  RD_TS_RTS = 2,    /* its request-to-send not posted yet */
+  RD_TS_ASKED = 3,  /* request-to-send posted: waits for its announcement */
+};
+
 typedef struct rd_sreq {
   fab_op op;
   void* data;
@@ -61,6 +84,7 @@ typedef struct rd_sreq {
   int matched;
   int eager_slot; /* the staging slot its eager write reads (-1: none) */
   uint8_t host;   /* its buffer is host memory (only such a buffer may be copied into a staging slot) */
+  uint8_t ts;     /* RD_TS_*: where it is in the asked-announcement protocol */
   struct fab_mr* held; /* its registration, held while it waits (a deregistration meanwhile fails it) */
   _Atomic uint8_t eager; /* it went eager (profiler events; set by whichever thread posts it) */
 } rd_sreq;
@@ -86,18 +110,33 @@ typedef struct rd_scomm {
   fab_remote_buf stage_mr;
   uint32_t dropped;            /* announcements of eager-served buffers, not acknowledged yet */
   uint32_t acked_sent;         /* consumption last told to the receiver */
+  /* asked announcements */
+  uint32_t tagged_max;         /* 0: every buffer announced at post */
+  uint32_t unsent;             /* waiting sends whose tagged message is not posted yet */
+  uint32_t tcredits;           /* tagged messages we may still send before the receiver takes some */
 } rd_scomm;
 
-enum { RD_SUB_IDLE = 0, RD_SUB_WAITING = 1, RD_SUB_ANNOUNCED = 2, RD_SUB_DONE = 3 };
+/* WAITING: numbered, its announcement not written yet; UNPOSTED, LISTENING:
+ * asked announcements, its tagged receive not posted yet, posted. */
+enum {
+  RD_SUB_IDLE = 0,
+  RD_SUB_WAITING = 1,
+  RD_SUB_ANNOUNCED = 2,
+  RD_SUB_DONE = 3,
+  RD_SUB_UNPOSTED = 4,
+  RD_SUB_LISTENING = 5,
+};
 
 typedef struct rd_rsub rd_rsub;
 struct rd_rsub {
+  fab_op op;  /* its tagged receive (asked announcements) */
   rd_ctrl ctrl;
   fab_mr* mr; /* its registration, held (fab_mr_hold) until it completes */
   void* data;
   size_t size;
   size_t got;
   uint8_t eager;     /* completed from the eager ring (profiler events) */
+  uint8_t via_tag;   /* completed by a tagged message (profiler events) */
   _Atomic int state; /* RD_SUB_*; DONE set by the remote-data handler */
 };
 
@@ -117,8 +156,10 @@ typedef struct rd_rcomm {
   char* ring;              /* eager ring: RD_EAGER_SLOTS x slot_size, registered for remote write */
   fab_remote_buf ring_mr;
   uint32_t slot_size;      /* 0: no eager path */
+  uint8_t asked;           /* buffers are announced when the sender asks (its hello said so) */
   uint16_t ring_held;      /* slots holding a message no posted buffer took yet (ep lock) */
-  uint16_t credits;        /* slots copied out, not returned to the sender yet (ep lock) */
+  uint16_t credits;        /* slots copied out (asked announcements: tagged messages taken), not returned to
+                            * the sender yet (ep lock) */
   uint32_t next_index;     /* number of the next announced buffer */
   _Atomic uint32_t acked;  /* announcements proven consumed (handler writes, owner reads) */
   _Atomic uint32_t nbacklog;           /* only the owner adds; owner or handler (lock) removes */
@@ -173,7 +214,30 @@ void rd_eager_credits(fab_comm* c, uint16_t slots);
  * consumed when eager-served ones were dropped (mailbox flow control). */
 void rd_eager_ack_if_due(fab_comm* c);
 
+/* rd_tagged.c: asked announcements */
+/* Sender, ep lock held: posts r's tagged message, using a credit: 0 (its
+ * data: its completion ends r), 1 (its request-to-send: r now waits for its
+ * announcement), -FI_EAGAIN (no credit, or the provider is busy), or another
+ * provider error. */
+ssize_t rd_tagged_send(fab_comm* c, fab_req* r);
+/* Receiver, ep lock held: posts buffer b's tagged receive: 0, -FI_EAGAIN or an error. */
+ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b);
+/* Receiver, ep lock held: takes back a posted tagged receive (its
+ * cancellation completes it). */
+void rd_tagged_unlisten(fab_comm* c, rd_rsub* b);
+/* Receiver, ep lock held: a tagged message took a receive; its credit goes
+ * back with the next announcement, or on its own with half the others. */
+void rd_tagged_taken(fab_comm* c);
+/* Sender, ep lock held: the receiver took n more tagged messages. */
+void rd_tagged_credits(fab_comm* c, uint32_t n);
+/* Receiver, ep lock held: gives taken messages back once half the credits wait. */
+void rd_tagged_give_back(fab_comm* c);
+
 /* rd_recv.c */
+/* ep lock held: numbers buffer b of r and announces it, or backlogs it. */
+ssize_t rd_recv_announce(fab_comm* c, fab_req* r, uint32_t sub);
+void rd_recv_announce_failed(fab_comm* c, ssize_t n);
+void rd_recv_init_req(fab_comm* c, fab_req* r);
 /* ep lock held: completes buffer b of r with size bytes (copied from src
  * when src is not NULL) or as truncated. */
 void rd_recv_complete(fab_comm* c, fab_req* r, struct rd_rsub* b, const void* src, uint32_t size);

@@ -154,6 +154,10 @@ ssize_t rd_eager_post(fab_comm* c, fab_req* r) {
 }
 
 void rd_eager_credits(fab_comm* c, uint16_t slots) {
+  if (rd_s(c)->tagged_max) { /* asked announcements: a count of tagged messages taken */
+    if (slots) rd_tagged_credits(c, slots);
+    return;
+  }
   rd_s(c)->ring_free |= (uint16_t)(slots & ((1u << RD_EAGER_SLOTS) - 1));
 }
 

@@ -174,6 +174,8 @@ typedef struct rd_hello {
   uint64_t box_addr, box_key;
   uint32_t box_slots;
   uint32_t cq_bytes; /* the connector's CQ data format: 8, or 4 (narrow); both ends must agree */
+  uint32_t tagged_max; /* the connector's FABRIC_TAGGED_MAX: > 0, its receiver announces buffers when asked */
+  uint32_t reserved;
 } rd_hello;
 
 /* The listener's answer payload: where eager messages go. */

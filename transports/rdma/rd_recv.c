@@ -43,8 +43,9 @@ static ssize_t announce(fab_comm* c, rd_rsub* b) {
   return 0;
 }
 
-/* Announces backlogged buffers in order while the mailbox has room: 0 or an
- * error (-FI_EAGAIN leaves them for later). */
+/* Announces backlogged buffers in order while the mailbox has room, and
+ * posts the tagged receives of those not posted yet (asked announcements):
+ * 0 or an error (-FI_EAGAIN leaves them for later). */
 static ssize_t flush_backlog(fab_comm* c) {
   rd_rcomm* rc = rd_r(c);
   uint32_t done = 0, len = backlog_len(rc);
@@ -52,8 +53,12 @@ static ssize_t flush_backlog(fab_comm* c) {
   while (done < len) {
     rd_backlog_entry* e = &rc->backlog[done];
     rd_rsub* b = &rd_rq(e->r)->sub[e->sub];
-    if (!may_announce(rc, b->ctrl.index)) break;
-    n = announce(c, b);
+    if (sub_get(b) == RD_SUB_UNPOSTED) {
+      n = rd_tagged_listen(c, b);
+    } else {
+      if (!may_announce(rc, b->ctrl.index)) break;
+      n = announce(c, b);
+    }
     if (n != 0) break;
     done++;
   }
@@ -62,7 +67,7 @@ static ssize_t flush_backlog(fab_comm* c) {
   return n == -FI_EAGAIN ? 0 : n;
 }
 
-static void announce_failed_locked(fab_comm* c, ssize_t n) {
+void rd_recv_announce_failed(fab_comm* c, ssize_t n) {
   char why[160];
   snprintf(why, sizeof(why), "announcing a receive buffer to the peer failed: %s", fi_strerror((int)-n));
   fab_comm_fail(c, fab_result_from_fi((int)-n), why);
@@ -141,8 +146,40 @@ static int take_held(fab_comm* c, fab_req* r, rd_rsub* b) {
   return 0;
 }
 
+/* Backlogs buffer i of r (its announcement or, asked announcements, its
+ * tagged receive) behind those already waiting, and flushes what can go. */
+static ssize_t backlog(fab_comm* c, fab_req* r, uint32_t i) {
+  rd_rcomm* rc = rd_r(c);
+  uint32_t len = backlog_len(rc);
+  rc->backlog[len] = (rd_backlog_entry){r, i};
+  atomic_store_explicit(&rc->nbacklog, len + 1, memory_order_release);
+  return flush_backlog(c);
+}
+
+ssize_t rd_recv_announce(fab_comm* c, fab_req* r, uint32_t i) {
+  rd_rcomm* rc = rd_r(c);
+  rd_rsub* b = &rd_rq(r)->sub[i];
+  sub_set(b, RD_SUB_WAITING);
+  b->ctrl.index = rc->next_index++;
+  b->ctrl.check = b->ctrl.index ^ b->ctrl.k ^ RD_CTRL_MAGIC;
+  ssize_t n = -FI_EAGAIN;
+  if (backlog_len(rc) == 0 && may_announce(rc, b->ctrl.index)) n = announce(c, b);
+  return n == -FI_EAGAIN ? backlog(c, r, i) : n;
+}
+
+/* Asked announcements: buffer i of r waits for its message or its sender's
+ * request, as a tagged receive posted in order. */
+static ssize_t listen_buffer(fab_comm* c, fab_req* r, uint32_t i) {
+  rd_rsub* b = &rd_rq(r)->sub[i];
+  b->via_tag = 0;
+  sub_set(b, RD_SUB_UNPOSTED);
+  ssize_t n = backlog_len(rd_r(c)) == 0 ? rd_tagged_listen(c, b) : -FI_EAGAIN;
+  return n == -FI_EAGAIN ? backlog(c, r, i) : n;
+}
+
 /* Numbers buffer i of r (per tag, and among announced ones) and takes a held
- * eager message for it, or announces it (or backlogs it). */
+ * eager message for it, or announces it (or backlogs it); under asked
+ * announcements, posts its tagged receive instead. */
 static ssize_t post_buffer(fab_comm* c, fab_req* r, int i, void* data, size_t size, int tag, fab_mr* mr) {
   rd_rcomm* rc = rd_r(c);
   rd_rsub* b = &rd_rq(r)->sub[i];
@@ -156,17 +193,10 @@ static ssize_t post_buffer(fab_comm* c, fab_req* r, int i, void* data, size_t si
   fab_mr_hold(mr);
   b->ctrl = (rd_ctrl){.addr = fab_mr_remote_addr(mr, data), .key = mr->key, .size = size, .tag = tag,
                       .k = (uint32_t)k, .slot = (uint16_t)(r->pool_index << 3 | (uint32_t)i)};
+  if (rc->asked) return listen_buffer(c, r, (uint32_t)i);
   sub_set(b, RD_SUB_WAITING);
   if (rc->ring_held && take_held(c, r, b)) return 0; /* its message came first: no announcement */
-  b->ctrl.index = rc->next_index++;
-  b->ctrl.check = b->ctrl.index ^ b->ctrl.k ^ RD_CTRL_MAGIC;
-  ssize_t n = -FI_EAGAIN;
-  if (backlog_len(rc) == 0 && may_announce(rc, b->ctrl.index)) n = announce(c, b);
-  if (n != -FI_EAGAIN) return n;
-  uint32_t len = backlog_len(rc);
-  rc->backlog[len] = (rd_backlog_entry){r, (uint32_t)i};
-  atomic_store_explicit(&rc->nbacklog, len + 1, memory_order_release);
-  return flush_backlog(c);
+  return rd_recv_announce(c, r, (uint32_t)i);
 }
 
 fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const int* tags, fab_mr** mrs,
@@ -186,7 +216,7 @@ fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const 
     ssize_t e = post_buffer(c, r, i, data[i], sizes[i], tags[i], mrs[i]);
     if (e && !err) err = e;
   }
-  if (err) announce_failed_locked(c, err);
+  if (err) rd_recv_announce_failed(c, err);
   pthread_mutex_unlock(&c->ep->lock);
   *request = r; /* even after a failure: its announced buffers belong to it */
   if (!err) return FAB_OK;
@@ -195,10 +225,14 @@ fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const 
 }
 
 void rd_recv_progress(fab_comm* c) {
-  if (FAB_LIKELY(backlog_len(rd_r(c)) == 0)) return;
+  rd_rcomm* rc = rd_r(c);
+  /* credits: read without the lock as a hint (a give-back that could not be written is retried here) */
+  int give_back = rc->asked && __atomic_load_n(&rc->credits, __ATOMIC_RELAXED) >= RD_TAGGED_CREDITS / 2;
+  if (FAB_LIKELY(backlog_len(rc) == 0 && !give_back)) return;
   pthread_mutex_lock(&c->ep->lock);
-  ssize_t err = flush_backlog(c);
-  if (err) announce_failed_locked(c, err);
+  ssize_t err = backlog_len(rc) ? flush_backlog(c) : 0;
+  if (err) rd_recv_announce_failed(c, err);
+  if (give_back) rd_tagged_give_back(c);
   pthread_mutex_unlock(&c->ep->lock);
 }
 
@@ -212,7 +246,7 @@ void rd_recv_acked(fab_comm* c, uint32_t consumed) {
     atomic_store_explicit(&rc->acked, consumed, memory_order_release);
   if (backlog_len(rc) && !c->closing) {
     ssize_t err = flush_backlog(c); /* the mailbox has room again */
-    if (err) announce_failed_locked(c, err);
+    if (err) rd_recv_announce_failed(c, err);
   }
 }
 
@@ -256,6 +290,51 @@ void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint
   }
   sub_finish(b);
   fab_req_op_done(r, 1);
+}
+
+/* --- tagged receives (asked announcements) ------------------------------------------ */
+
+/* A small message larger than its buffer spilled into the sink: the receive
+ * fails as a truncation would, its sender is told, the sink's pages go back. */
+static void overflowed(fab_comm* c, fab_req* r, rd_rsub* b, size_t got) {
+  struct fi_cq_err_entry e = {.err = FI_ETRUNC, .len = b->size, .olen = got - b->size};
+  b->got = fab_req_op_failed(r, b->size, b->ctrl.tag, &e);
+  fab_domain_sink_release(c->ep->dev->dom);
+}
+
+/* A tagged receive completed: a small message, a request-to-send (remote CQ
+ * data), or a cancellation (close, a deregistered buffer). ep lock held. */
+static void listened(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  fab_req* r = op->owner;
+  fab_comm* c = r->comm;
+  rd_rsub* b = &rd_rq(r)->sub[op->index];
+  if (FAB_UNLIKELY(err != NULL)) {
+    b->got = fab_req_op_failed(r, b->size, b->ctrl.tag, err);
+    sub_finish(b);
+    fab_req_op_done(r, 1);
+    return;
+  }
+  rd_tagged_taken(c);
+  if (done->flags & FI_REMOTE_CQ_DATA) { /* a request-to-send: announce the buffer it took */
+    if (c->closing || c->error != FAB_OK || r->result != FAB_OK) {
+      if (r->result == FAB_OK) r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
+      sub_finish(b);
+      fab_req_op_done(r, 1);
+      return;
+    }
+    ssize_t n = rd_recv_announce(c, r, op->index);
+    if (n) rd_recv_announce_failed(c, n);
+    return;
+  }
+  b->via_tag = 1;
+  if (FAB_UNLIKELY(done->len > b->size)) overflowed(c, r, b, done->len);
+  else b->got = done->len;
+  sub_finish(b);
+  fab_req_op_done(r, 1);
+}
+
+void rd_recv_init_req(fab_comm* c, fab_req* r) {
+  for (uint32_t i = 0; i < FAB_MAX_RECVS; i++) fab_op_init(&rd_rq(r)->sub[i].op, listened, r, i);
 }
 
 /* The requests of c in use (posted or orphaned), one per call from *i on:
@@ -334,7 +413,7 @@ void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
   rd_recv_complete(c, r, b, NULL, size);
   if (backlog_len(rd_r(c)) && !c->closing) {
     ssize_t err = flush_backlog(c); /* the mailbox has room again */
-    if (err) announce_failed_locked(c, err);
+    if (err) rd_recv_announce_failed(c, err);
   }
 }
 
@@ -368,7 +447,12 @@ void rd_recv_cancel(fab_comm* c) {
   for (uint32_t i = 0; (r = next_in_use(c, &i));) {
     for (int k = 0; k < r->n; k++) {
       rd_rsub* b = &rd_rq(r)->sub[k];
-      if (sub_get(b) == RD_SUB_DONE || sub_get(b) == RD_SUB_IDLE) continue;
+      int st = sub_get(b);
+      if (st == RD_SUB_DONE || st == RD_SUB_IDLE) continue;
+      if (st == RD_SUB_LISTENING) { /* the provider holds it: its cancellation ends it */
+        rd_tagged_unlisten(c, b);
+        continue;
+      }
       sub_finish(b);
       fab_req_op_done(r, 1);
     }
@@ -395,13 +479,18 @@ void rd_recv_check_gone(fab_comm* c, fab_req* r) {
   atomic_store_explicit(&q->gone_gen, gen, memory_order_relaxed);
   for (int k = 0; k < r->n; k++) {
     rd_rsub* b = &q->sub[k];
-    if (sub_get(b) == RD_SUB_DONE || !b->mr || !atomic_load_explicit(&b->mr->gone, memory_order_acquire)) continue;
+    int st = sub_get(b);
+    if (st == RD_SUB_DONE || !b->mr || !atomic_load_explicit(&b->mr->gone, memory_order_acquire)) continue;
     if (r->result == FAB_OK) {
       char msg[256];
       snprintf(msg, sizeof(msg), "receive of %zu bytes (tag %d) from %s failed: its buffer was deregistered while "
                "the receive was posted", b->size, b->ctrl.tag, c->peer_name);
       r->result = FAB_ERR_INVALID_USAGE;
       r->errmsg = strdup(msg);
+    }
+    if (st == RD_SUB_LISTENING) { /* the provider holds it: its cancellation ends it */
+      rd_tagged_unlisten(c, b);
+      continue;
     }
     sub_finish(b);
     fab_req_op_done(r, 1);

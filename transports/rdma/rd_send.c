@@ -118,15 +118,63 @@ static fab_req* waiting_send(rd_scomm* s, int tag, uint32_t k) {
   return NULL;
 }
 
+/* Posts r's tagged message (asked announcements): 0 when r is done with
+ * here (its data posted, or r failed), 1 (its request-to-send posted: it
+ * waits for its announcement), -FI_EAGAIN. ep lock held. */
+static ssize_t send_tagged(fab_comm* c, fab_req* r) {
+  rd_sreq* q = rd_sq(r);
+  char msg[256];
+  if (FAB_UNLIKELY(q->held != NULL) && atomic_load_explicit(&q->held->gone, memory_order_acquire)) {
+    snprintf(msg, sizeof(msg), "send of %zu bytes (tag %d) to %s: its buffer was deregistered before the send "
+             "could be posted; deregister a buffer only after its sends complete", r->size, r->tag, c->peer_name);
+    fail_send(c, r, FAB_ERR_INVALID_USAGE, msg);
+    return 0;
+  }
+  int rts = q->ts == RD_TS_RTS;
+  ssize_t rc = rd_tagged_send(c, r);
+  if (FAB_LIKELY(rc >= 0) || rc == -FI_EAGAIN) return rc;
+  snprintf(msg, sizeof(msg), "send of %zu bytes (tag %d) to %s: posting its tagged %s failed: %s", r->size, r->tag,
+           c->peer_name, rts ? "request-to-send" : "message", fi_strerror((int)-rc));
+  fail_send(c, r, fab_result_from_fi((int)-rc), msg);
+  return 0;
+}
+
+/* Posts a waiting send's tagged message (asked announcements), unless an
+ * earlier one of the comm is still unposted (they go in send order): 1 when
+ * the send is done with (DATA posted, or failed), else 0; *blocked is set
+ * at the first that cannot go. */
+static int post_unsent(fab_comm* c, fab_req* r, int* blocked) {
+  ssize_t t = *blocked ? -FI_EAGAIN : send_tagged(c, r);
+  if (t == -FI_EAGAIN) {
+    *blocked = 1;
+    return 0;
+  }
+  rd_s(c)->unsent--;
+  return t == 0;
+}
+
 /* Posts waiting sends whose buffer was announced, or that fit an eager slot
- * that came back. ep lock held. */
+ * that came back, or whose tagged message could not be posted before. ep
+ * lock held. */
 static void post_waiting(fab_comm* c) {
   rd_scomm* s = rd_s(c);
   uint32_t kept = 0;
+  int blocked = 0;
   for (uint32_t i = 0; i < s->nwait; i++) {
     fab_req* r = s->wait[i];
     rd_sreq* q = rd_sq(r);
+    if (q->ts == RD_TS_DATA || q->ts == RD_TS_RTS) {
+      if (post_unsent(c, r, &blocked)) continue;
+      if (q->ts != RD_TS_ASKED) {
+        s->wait[kept++] = r;
+        continue;
+      }
+    }
     if (!q->matched) q->matched = take(s, r->tag, q->k, &q->target);
+    if (!q->matched && q->ts == RD_TS_ASKED) {
+      s->wait[kept++] = r;
+      continue;
+    }
     if (q->matched ? post(c, r) != -FI_EAGAIN : rd_eager_post(c, r) == 0) continue;
     s->wait[kept++] = r;
   }
@@ -210,6 +258,7 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   q->held = mr; /* until its write completes: deregMr waits for that */
   if (mr) fab_mr_hold(mr);
   q->host = !mr || mr->type != FAB_PTR_CUDA;
+  q->ts = !s->tagged_max ? RD_TS_NONE : size <= s->tagged_max ? RD_TS_DATA : RD_TS_RTS;
   atomic_store_explicit(&q->eager, 0, memory_order_relaxed);
   fab_endpoint* ep = c->ep;
   pthread_mutex_lock(&ep->lock);
@@ -223,10 +272,15 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
     return c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
   }
   q->k = (uint32_t)k;
-  /* its buffer announced: straight into it; else eager when it fits a slot;
-   * else it waits for the announcement */
+  /* asked announcements: its tagged message now, in order; else its buffer
+   * announced: straight into it; else eager when it fits a slot; else it
+   * waits for the announcement */
   int went;
-  if (take(s, tag, q->k, &q->target)) {
+  if (q->ts != RD_TS_NONE) {
+    ssize_t t = s->unsent ? -FI_EAGAIN : send_tagged(c, r);
+    went = t == 0;
+    if (t == -FI_EAGAIN) s->unsent++;
+  } else if (take(s, tag, q->k, &q->target)) {
     q->matched = 1;
     went = post(c, r) != -FI_EAGAIN;
   } else {
@@ -254,10 +308,32 @@ static void drop_waiting(fab_comm* c, fab_req* only) {
       continue;
     }
     if (r->result == FAB_OK) r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
+    if (rd_sq(r)->ts == RD_TS_DATA || rd_sq(r)->ts == RD_TS_RTS) s->unsent--;
     let_go(rd_sq(r));
     fab_req_op_done(r, 0);
   }
   s->nwait = kept;
+  atomic_store_explicit(&s->nwait_hint, kept, memory_order_relaxed);
+}
+
+/* Close: sends whose tagged message the provider would still not take
+ * fail (they read nothing). */
+static void drop_unsent(fab_comm* c) {
+  rd_scomm* s = rd_s(c);
+  uint32_t kept = 0;
+  for (uint32_t k = 0; k < s->nwait; k++) {
+    fab_req* r = s->wait[k];
+    rd_sreq* q = rd_sq(r);
+    if (q->ts != RD_TS_DATA && q->ts != RD_TS_RTS) {
+      s->wait[kept++] = r;
+      continue;
+    }
+    FAB_WARN("closeSend: a send of %zu bytes (tag %d) to %s could not be handed to the provider before close; it "
+             "was not sent", r->size, r->tag, c->peer_name);
+    fail_send(c, r, FAB_ERR_SYSTEM, "the send comm was closed before the provider took the send");
+  }
+  s->nwait = kept;
+  s->unsent = 0;
   atomic_store_explicit(&s->nwait_hint, kept, memory_order_relaxed);
 }
 
@@ -267,7 +343,9 @@ static void drop_waiting(fab_comm* c, fab_req* only) {
  * read); only a failed connection drops them. close waits for the writes
  * already posted (core/conn/fab_comm.c). */
 void rd_send_cancel(fab_comm* c) {
+  if (c->error == FAB_OK && rd_s(c)->unsent) post_waiting(c); /* nobody progresses this comm for them later */
   if (c->error != FAB_OK) drop_waiting(c, NULL);
+  else if (rd_s(c)->unsent) drop_unsent(c);
 }
 
 /* The comm is freed: its sends let go of their registrations, the waiting

@@ -1,0 +1,107 @@
+/*
+ * The rdma transport's asked announcements (FABRIC_TAGGED_MAX > 0): a small
+ * message is one tagged message into its posted receive, as raw libfabric
+ * would send it, and a receive is announced only when its sender asks (a
+ * request-to-send for a larger message), so that a small message costs one
+ * provider message and no announcement, and a large one is still written
+ * straight into its buffer. See rd.h.
+ *
+ * Matching: the receiver posts every buffer as a tagged receive with its
+ * connection's data tag (as the sendrecv transport does), the sender sends
+ * every message's tagged part (the data, or the request-to-send) in send
+ * order, and the provider pairs them in order (FI_ORDER_SAS, first posted
+ * receive with the tag): the k-th send with a tag meets the k-th buffer
+ * with that tag, which is the pair the ordinals name. A request-to-send is
+ * told from data by its remote CQ data; it carries no bytes, so it never
+ * touches the buffer (GPU memory included).
+ *
+ * Truncation: a tagged receive carries the domain's sink after its buffer
+ * where there is one (fab_domain.sink), so an oversized small message is
+ * caught here and its sender told; a large one is refused by its sender, who
+ * knows the announced size, as before.
+ *
+ * Everything here runs under the endpoint lock: receive completions are
+ * locked operations, and sends are posted by isend or by whichever thread
+ * posts waiting sends.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "rd.h"
+
+/* --- sender ---------------------------------------------------------------------- */
+
+static ssize_t post_tsend(fab_comm* c, rd_sreq* q, size_t size, uint64_t tag) {
+  ssize_t rc;
+  fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
+  if (q->ts == RD_TS_RTS) /* no bytes, nothing to complete: the announcement answers it */
+    rc = fi_tinjectdata(c->ep->ep, NULL, 0, 0, c->peer, tag);
+  else
+    rc = fi_tsend(c->ep->ep, q->data, size, q->desc, c->peer, tag, &q->op.ctx);
+  fab_ep_serial_leave(c->ep);
+  return rc;
+}
+
+ssize_t rd_tagged_send(fab_comm* c, fab_req* r) {
+  rd_sreq* q = rd_sq(r);
+  rd_scomm* s = rd_s(c);
+  if (s->tcredits == 0) return -FI_EAGAIN; /* the receiver holds as many untaken as it allows */
+  ssize_t rc = post_tsend(c, q, r->size, c->tag_base | (uint32_t)r->tag);
+  if (rc != 0) return rc;
+  s->tcredits--;
+  if (q->ts == RD_TS_DATA) return 0; /* its completion ends it (write_done) */
+  q->ts = RD_TS_ASKED;
+  return 1;
+}
+
+void rd_tagged_credits(fab_comm* c, uint32_t n) {
+  rd_scomm* s = rd_s(c);
+  if (n > RD_TAGGED_CREDITS - s->tcredits) {
+    rd_protocol_error(c, "the receiver gave back more tagged credits than were used");
+    return;
+  }
+  s->tcredits += n;
+}
+
+/* --- receiver -------------------------------------------------------------------- */
+
+void rd_tagged_give_back(fab_comm* c) {
+  rd_rcomm* rc = rd_r(c);
+  if (rc->credits < RD_TAGGED_CREDITS / 2 || c->closing || c->error != FAB_OK) return;
+  uint64_t data = rd_cq_data(c, RD_CTRL, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
+  if (fab_remote_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box, RD_SLOTS * sizeof(rd_ctrl),
+                           data) == 0)
+    rc->credits = 0; /* else at the next message taken, or the next test */
+}
+
+void rd_tagged_taken(fab_comm* c) {
+  rd_r(c)->credits++;
+  rd_tagged_give_back(c);
+}
+
+ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b) {
+  fab_domain* dom = c->ep->dev->dom;
+  uint64_t tag = c->tag_base | (uint32_t)b->ctrl.tag;
+  void* desc = b->mr ? b->mr->desc : NULL;
+  ssize_t rc;
+  atomic_store_explicit(&b->state, RD_SUB_LISTENING, memory_order_relaxed);
+  fab_ep_serial_enter(c->ep);
+  if (!dom->sink) {
+    rc = fi_trecv(c->ep->ep, b->data, b->size, desc, FI_ADDR_UNSPEC, tag, 0, &b->op.ctx);
+  } else {
+    struct iovec iov[2] = {{.iov_base = b->data, .iov_len = b->size}, {.iov_base = dom->sink, .iov_len = dom->sink_len}};
+    void* descs[2] = {desc, NULL};
+    struct fi_msg_tagged msg = {.msg_iov = iov, .desc = descs, .iov_count = 2, .addr = FI_ADDR_UNSPEC, .tag = tag,
+                                .context = &b->op.ctx};
+    rc = fi_trecvmsg(c->ep->ep, &msg, FI_COMPLETION);
+  }
+  fab_ep_serial_leave(c->ep);
+  if (rc != 0) atomic_store_explicit(&b->state, RD_SUB_UNPOSTED, memory_order_relaxed);
+  return rc;
+}
+
+void rd_tagged_unlisten(fab_comm* c, rd_rsub* b) {
+  fab_ep_serial_enter(c->ep);
+  fi_cancel(&c->ep->ep->fid, &b->op.ctx); /* a receive already matched completes as usual */
+  fab_ep_serial_leave(c->ep);
+}
