@@ -678,3 +678,96 @@ Test(rdma_format, no_profile_is_wide) {
   cr_expect(!fab_g.devs[0]->cq_narrow, "shm carries 8 bytes of CQ data");
   cr_assert_eq(api->finalize(ctx), FAB_OK);
 }
+
+/* Asked announcements (unit.rdma.asked): a small message is one tagged message and announces nothing; a large
+ * one asks for its buffer (one announcement); after it, buffers are announced at post ("ahead"), a large send
+ * that finds its announcement writes at once behind a mark, and a small one sent into such a buffer goes
+ * tagged while its announcement is dropped; the next buffers are no longer announced ahead. Sizes mixed on one
+ * tag then land, every byte in the right buffer. With FABRIC_TAGGED_MAX=0 (unit.rdma) the exchanges run on the
+ * announced-at-post protocol and only the bytes are checked. */
+static void send_and_check(conn* c, void* rq, char* sb, char* rb, size_t size, void* smh, char fill) {
+  memset(sb, fill, size);
+  void* sq = NULL;
+  while (!sq) cr_assert_eq(api->isend(c->s, sb, size, 7, smh, NULL, &sq), FAB_OK);
+  int got = -1;
+  cr_assert_eq(wait_req(sq, NULL), FAB_OK);
+  cr_assert_eq(wait_req(rq, &got), FAB_OK);
+  cr_assert_eq(got, (int)size);
+  for (size_t i = 0; i < size; i++) cr_assert_eq(rb[i], fill, "byte %zu of a %zu-byte message", i, size);
+}
+
+/* Polls until the sender holds n announcements it has not used (the announcement ahead reached it). */
+static void wait_announced(conn* c, uint32_t n) {
+  rd_scomm* s = fab_comm_tp(c->sc);
+  for (int64_t end = ut_now_ms() + 5000;;) {
+    pthread_mutex_lock(&c->sc->ep->lock);
+    uint32_t have = s->nann;
+    pthread_mutex_unlock(&c->sc->ep->lock);
+    if (have >= n) return;
+    cr_assert_lt(ut_now_ms(), end, "the announcement ahead never reached the sender");
+    fab_ep_poll(c->sc->ep);
+  }
+}
+
+static void asked_ahead(const char* prov) {
+  conn c;
+  open_conn(prov, &c);
+  size_t tmax = fab_g.params.tagged_max, big = tmax ? 2 * tmax + 100 : 40000, small = 64;
+  char* sb = malloc(big);
+  char* rb = malloc(8 * big);
+  void *smh, *rmh;
+  cr_assert_eq(api->reg_mr(c.s, sb, big, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, 8 * big, FAB_PTR_HOST, &rmh), FAB_OK);
+  rd_rcomm* rr = fab_comm_tp(c.rc);
+  send_and_check(&c, post_recv(&c, rb, big, rmh, 7), sb, rb, small, smh, 1);
+  if (tmax) cr_assert_eq(rr->next_index, 0, "a small message announces nothing");
+  send_and_check(&c, post_recv(&c, rb, big, rmh, 7), sb, rb, big, smh, 2);
+  if (tmax) cr_assert_eq(rr->next_index, 1, "a large one is announced once, when asked");
+  void* rq = post_recv(&c, rb, big, rmh, 7);
+  if (tmax) {
+    cr_assert_eq(rr->next_index, 2, "after a large message a buffer is announced at post");
+    wait_announced(&c, 1);
+  }
+  send_and_check(&c, rq, sb, rb, big, smh, 3); /* written at once, behind a mark */
+  rq = post_recv(&c, rb, big, rmh, 7);
+  if (tmax) wait_announced(&c, 1);
+  send_and_check(&c, rq, sb, rb, small, smh, 4); /* tagged (DATA): a small message goes as one tagged message */
+  rq = post_recv(&c, rb, big, rmh, 7);
+  if (tmax) cr_assert_eq(rr->next_index, 3, "after a small message buffers are no longer announced ahead");
+  send_and_check(&c, rq, sb, rb, small, smh, 5);
+  /* mixed sizes on one tag, four receives ahead: the k-th send lands in the k-th buffer */
+  enum { N = 64, AHEAD = 4 };
+  size_t sizes[] = {small, big, 8, big, big, 4096, small, tmax ? tmax : 4096, tmax ? tmax + 1 : 8192};
+  enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
+  char* sbs = malloc((size_t)N * big);
+  void* smh2;
+  cr_assert_eq(api->reg_mr(c.s, sbs, (size_t)N * big, FAB_PTR_HOST, &smh2), FAB_OK);
+  void *rqs[N], *sqs[N];
+  for (int i = 0; i < N; i++) {
+    memset(sbs + (size_t)i * big, (char)(i + 10), sizes[i % NSIZES]);
+    if (i < AHEAD) rqs[i] = post_recv(&c, rb + (size_t)(i % 8) * big, big, rmh, 7);
+  }
+  for (int i = 0; i < N; i++) {
+    sqs[i] = NULL;
+    while (!sqs[i]) cr_assert_eq(api->isend(c.s, sbs + (size_t)i * big, sizes[i % NSIZES], 7, smh2, NULL, &sqs[i]),
+                                 FAB_OK);
+    int got = -1;
+    cr_assert_eq(wait_req(rqs[i], &got), FAB_OK);
+    cr_assert_eq(got, (int)sizes[i % NSIZES], "message %d", i);
+    char* at = rb + (size_t)(i % 8) * big;
+    cr_assert_eq(at[0], (char)(i + 10), "message %d landed elsewhere", i);
+    cr_assert_eq(at[got - 1], (char)(i + 10), "message %d landed elsewhere", i);
+    cr_assert_eq(wait_req(sqs[i], NULL), FAB_OK);
+    if (i + AHEAD < N) rqs[i + AHEAD] = post_recv(&c, rb + (size_t)((i + AHEAD) % 8) * big, big, rmh, 7);
+  }
+  cr_assert_eq(api->dereg_mr(c.s, smh2), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
+  free(sbs);
+  free(sb);
+  free(rb);
+}
+
+Test(rdma, asked_ahead_tcp) { asked_ahead("tcp"); }
+Test(rdma, asked_ahead_shm) { asked_ahead("shm"); }

@@ -77,6 +77,7 @@ static fab_result rd_accept_payload(fab_comm* c, const void* in, size_t in_len, 
   }
   rd_rcomm* r = rd_r(c);
   r->asked = h.tagged_max > 0;
+  r->tagged_max = h.tagged_max;
   r->box = (fab_window){.addr = h.box_addr, .len = RD_SLOTS * sizeof(rd_ctrl) + RD_SCRATCH, .key = h.box_key};
   *out_len = rd_eager_welcome(c, out, cap);
   return FAB_OK;

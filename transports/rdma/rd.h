@@ -73,7 +73,17 @@ enum {
   RD_TS_DATA = 1,   /* goes as one tagged message, not posted yet */
   RD_TS_RTS = 2,    /* its request-to-send not posted yet */
   RD_TS_ASKED = 3,  /* request-to-send posted: waits for its announcement */
+  RD_TS_MARK = 4,   /* its buffer was announced before it was sent: a mark (a tagged message of 0 bytes)
+                     * takes the receive's tagged half, not posted yet; then it is written */
+  RD_TS_MARKED = 5, /* mark posted: written as an announced send */
 };
+
+/* The kind of a sender's tagged message, in its remote CQ data with the
+ * announcements it has consumed (mod 2^14): bits 15..14 kind, 13..0 count. */
+enum { RD_TAG_DATA = 0, RD_TAG_RTS = 1, RD_TAG_MARK = 2 };
+static inline uint64_t rd_tag_word(unsigned kind, uint32_t consumed) {
+  return (uint64_t)kind << 14 | (consumed & 0x3fff);
+}
 
 typedef struct rd_sreq {
   fab_op op;
@@ -118,6 +128,11 @@ typedef struct rd_scomm {
 
 /* WAITING: numbered, its announcement not written yet; UNPOSTED, LISTENING:
  * asked announcements, its tagged receive not posted yet, posted. */
+/* What a buffer still waits for (rd_rsub.parts): its tagged receive to
+ * complete, and its write (or the sender's refusal) to land. It is done when
+ * neither is left. */
+enum { RD_PART_TAGGED = 1, RD_PART_WRITE = 2 };
+
 enum {
   RD_SUB_IDLE = 0,
   RD_SUB_WAITING = 1,
@@ -137,6 +152,7 @@ struct rd_rsub {
   size_t got;
   uint8_t eager;     /* completed from the eager ring (profiler events) */
   uint8_t via_tag;   /* completed by a tagged message (profiler events) */
+  uint8_t parts;     /* RD_PART_* still outstanding (ep lock) */
   _Atomic int state; /* RD_SUB_*; DONE set by the remote-data handler */
 };
 
@@ -157,6 +173,8 @@ typedef struct rd_rcomm {
   fab_remote_buf ring_mr;
   uint32_t slot_size;      /* 0: no eager path */
   uint8_t asked;           /* buffers are announced when the sender asks (its hello said so) */
+  uint8_t ahead;           /* asked: the last message was written (large): announce new buffers at post too */
+  uint32_t tagged_max;     /* asked: the sender's FABRIC_TAGGED_MAX */
   uint16_t ring_held;      /* slots holding a message no posted buffer took yet (ep lock) */
   uint16_t credits;        /* slots copied out (asked announcements: tagged messages taken), not returned to
                             * the sender yet (ep lock) */
@@ -217,8 +235,8 @@ void rd_eager_ack_if_due(fab_comm* c);
 /* rd_tagged.c: asked announcements */
 /* Sender, ep lock held: posts r's tagged message, using a credit: 0 (its
  * data: its completion ends r), 1 (its request-to-send: r now waits for its
- * announcement), -FI_EAGAIN (no credit, or the provider is busy), or another
- * provider error. */
+ * announcement; or its mark: r is written next), -FI_EAGAIN (no credit, or
+ * the provider is busy), or another provider error. */
 ssize_t rd_tagged_send(fab_comm* c, fab_req* r);
 /* Receiver, ep lock held: posts buffer b's tagged receive: 0, -FI_EAGAIN or an error. */
 ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b);

@@ -17,6 +17,15 @@ static inline void sub_finish(rd_rsub* b) {
   sub_set(b, RD_SUB_DONE);
 }
 static inline int sub_get(rd_rsub* b) { return atomic_load_explicit(&b->state, memory_order_relaxed); }
+
+/* What b waited for in `part` (RD_PART_*) is over; with nothing left, b is
+ * done and so is its share of r. */
+static void settle(fab_req* r, rd_rsub* b, uint8_t part) {
+  b->parts &= (uint8_t)~part;
+  if (b->parts) return;
+  sub_finish(b);
+  fab_req_op_done(r, 1);
+}
 static inline uint32_t backlog_len(rd_rcomm* rc) { return atomic_load_explicit(&rc->nbacklog, memory_order_acquire); }
 
 static int may_announce(rd_rcomm* rc, uint32_t index) {
@@ -53,7 +62,10 @@ static ssize_t flush_backlog(fab_comm* c) {
   while (done < len) {
     rd_backlog_entry* e = &rc->backlog[done];
     rd_rsub* b = &rd_rq(e->r)->sub[e->sub];
-    if (sub_get(b) == RD_SUB_UNPOSTED) {
+    if (sub_get(b) == RD_SUB_UNPOSTED && (e->r->result != FAB_OK || (b->mr && atomic_load_explicit(
+                                                                          &b->mr->gone, memory_order_acquire)))) {
+      settle(e->r, b, b->parts); /* failed while it waited (a deregistered buffer): never posted */
+    } else if (sub_get(b) == RD_SUB_UNPOSTED) {
       n = rd_tagged_listen(c, b);
     } else {
       if (!may_announce(rc, b->ctrl.index)) break;
@@ -167,14 +179,35 @@ ssize_t rd_recv_announce(fab_comm* c, fab_req* r, uint32_t i) {
   return n == -FI_EAGAIN ? backlog(c, r, i) : n;
 }
 
+/* Asked announcements, while the last message was written: buffer b (its
+ * tagged receive posted) is announced at once as well, so that a large
+ * message is written without asking. Only with room in the mailbox: else it
+ * stays a tagged receive alone. */
+static void announce_ahead(fab_comm* c, rd_rsub* b) {
+  rd_rcomm* rc = rd_r(c);
+  if (!may_announce(rc, rc->next_index)) return;
+  b->ctrl.index = rc->next_index;
+  b->ctrl.check = b->ctrl.index ^ b->ctrl.k ^ RD_CTRL_MAGIC;
+  sub_set(b, RD_SUB_WAITING);
+  if (announce(c, b) != 0) {
+    sub_set(b, RD_SUB_LISTENING);
+    return;
+  }
+  rc->next_index++;
+  b->parts |= RD_PART_WRITE;
+}
+
 /* Asked announcements: buffer i of r waits for its message or its sender's
  * request, as a tagged receive posted in order. */
 static ssize_t listen_buffer(fab_comm* c, fab_req* r, uint32_t i) {
   rd_rsub* b = &rd_rq(r)->sub[i];
   b->via_tag = 0;
+  b->parts = RD_PART_TAGGED;
   sub_set(b, RD_SUB_UNPOSTED);
   ssize_t n = backlog_len(rd_r(c)) == 0 ? rd_tagged_listen(c, b) : -FI_EAGAIN;
-  return n == -FI_EAGAIN ? backlog(c, r, i) : n;
+  if (n == -FI_EAGAIN) return backlog(c, r, i);
+  if (n == 0 && rd_r(c)->ahead) announce_ahead(c, b);
+  return n;
 }
 
 /* Numbers buffer i of r (per tag, and among announced ones) and takes a held
@@ -194,6 +227,7 @@ static ssize_t post_buffer(fab_comm* c, fab_req* r, int i, void* data, size_t si
   b->ctrl = (rd_ctrl){.addr = fab_mr_remote_addr(mr, data), .key = mr->key, .size = size, .tag = tag,
                       .k = (uint32_t)k, .slot = (uint16_t)(r->pool_index << 3 | (uint32_t)i)};
   if (rc->asked) return listen_buffer(c, r, (uint32_t)i);
+  b->parts = RD_PART_WRITE;
   sub_set(b, RD_SUB_WAITING);
   if (rc->ring_held && take_held(c, r, b)) return 0; /* its message came first: no announcement */
   return rd_recv_announce(c, r, (uint32_t)i);
@@ -288,8 +322,7 @@ void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint
     if (src) /* an eager write: its sender never saw this buffer's size */
       fab_comm_tell_truncated(c, b->ctrl.tag, b->size, size == RD_SIZE_UNKNOWN ? 0 : size - b->size);
   }
-  sub_finish(b);
-  fab_req_op_done(r, 1);
+  settle(r, b, RD_PART_WRITE);
 }
 
 /* --- tagged receives (asked announcements) ------------------------------------------ */
@@ -302,35 +335,61 @@ static void overflowed(fab_comm* c, fab_req* r, rd_rsub* b, size_t got) {
   fab_domain_sink_release(c->ep->dev->dom);
 }
 
-/* A tagged receive completed: a small message, a request-to-send (remote CQ
- * data), or a cancellation (close, a deregistered buffer). ep lock held. */
+/* A request-to-send took b: it is announced now (asked), or already was
+ * (ahead: the write comes). */
+static void asked_for(fab_comm* c, fab_req* r, uint32_t i, rd_rsub* b) {
+  rd_r(c)->ahead = 1;
+  if (sub_get(b) == RD_SUB_ANNOUNCED) {
+    settle(r, b, RD_PART_TAGGED);
+    return;
+  }
+  if (c->closing || c->error != FAB_OK || r->result != FAB_OK) {
+    if (r->result == FAB_OK) r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
+    settle(r, b, b->parts);
+    return;
+  }
+  b->parts = RD_PART_WRITE;
+  ssize_t n = rd_recv_announce(c, r, i);
+  if (n) rd_recv_announce_failed(c, n);
+}
+
+/* A small message landed in b by its tagged receive: the write an
+ * announcement ahead waited for never comes (its sender drops it). */
+static void tagged_data(fab_comm* c, fab_req* r, rd_rsub* b, size_t len) {
+  rd_r(c)->ahead = 0;
+  b->via_tag = 1;
+  if (FAB_UNLIKELY(len > b->size)) overflowed(c, r, b, len);
+  else b->got = len;
+  settle(r, b, b->parts);
+}
+
+/* A tagged receive completed: a small message, a request-to-send, a mark
+ * (the sender writes into the buffer announced ahead), or a cancellation
+ * (close, a deregistered buffer). Every message of ours says its kind and
+ * how far its sender consumed announcements in its CQ data. ep lock held. */
 static void listened(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   fab_req* r = op->owner;
   fab_comm* c = r->comm;
   rd_rsub* b = &rd_rq(r)->sub[op->index];
   if (FAB_UNLIKELY(err != NULL)) {
-    b->got = fab_req_op_failed(r, b->size, b->ctrl.tag, err);
-    sub_finish(b);
-    fab_req_op_done(r, 1);
+    size_t got = fab_req_op_failed(r, b->size, b->ctrl.tag, err);
+    if (!(b->parts & RD_PART_WRITE)) b->got = got;
+    settle(r, b, b->parts);
     return;
   }
   rd_tagged_taken(c);
-  if (done->flags & FI_REMOTE_CQ_DATA) { /* a request-to-send: announce the buffer it took */
-    if (c->closing || c->error != FAB_OK || r->result != FAB_OK) {
-      if (r->result == FAB_OK) r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
-      sub_finish(b);
-      fab_req_op_done(r, 1);
-      return;
-    }
-    ssize_t n = rd_recv_announce(c, r, op->index);
-    if (n) rd_recv_announce_failed(c, n);
+  uint32_t w = (uint32_t)done->data;
+  unsigned kind = w >> 14 & 3;
+  if (!(done->flags & FI_REMOTE_CQ_DATA) || kind > RD_TAG_MARK ||
+      (kind == RD_TAG_MARK && sub_get(b) != RD_SUB_ANNOUNCED) || (kind != RD_TAG_DATA && done->len != 0)) {
+    rd_protocol_error(c, "a tagged message of an unknown kind, or a mark for a buffer not announced");
+    settle(r, b, b->parts);
     return;
   }
-  b->via_tag = 1;
-  if (FAB_UNLIKELY(done->len > b->size)) overflowed(c, r, b, done->len);
-  else b->got = done->len;
-  sub_finish(b);
-  fab_req_op_done(r, 1);
+  rd_recv_acked(c, rd_widen_count(w & 0x3fff, atomic_load_explicit(&rd_r(c)->acked, memory_order_relaxed)));
+  if (kind == RD_TAG_DATA) tagged_data(c, r, b, done->len);
+  else if (kind == RD_TAG_RTS) asked_for(c, r, op->index, b);
+  else settle(r, b, RD_PART_TAGGED);
 }
 
 void rd_recv_init_req(fab_comm* c, fab_req* r) {
@@ -378,8 +437,7 @@ static void abandoned(fab_comm* c, fab_req* r, rd_rsub* b) {
     r->result = FAB_ERR_REMOTE;
     r->errmsg = strdup(msg);
   }
-  sub_finish(b);
-  fab_req_op_done(r, 1);
+  settle(r, b, RD_PART_WRITE);
 }
 
 void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
@@ -391,7 +449,7 @@ void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
     return;
   }
   rd_rsub* b = &rd_rq(r)->sub[k];
-  if (sub_get(b) != RD_SUB_ANNOUNCED) {
+  if (sub_get(b) != RD_SUB_ANNOUNCED || !(b->parts & RD_PART_WRITE)) {
     rd_protocol_error(c, "a write names a buffer that was not announced or is already complete");
     return;
   }
@@ -406,6 +464,7 @@ void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
   uint32_t next = b->ctrl.index + 1; /* the sender consumed every announcement up to this one */
   if ((int32_t)(next - atomic_load_explicit(&rd_r(c)->acked, memory_order_relaxed)) > 0)
     atomic_store_explicit(&rd_r(c)->acked, next, memory_order_release);
+  if (rd_r(c)->asked && type == RD_DATA) rd_r(c)->ahead = size > rd_r(c)->tagged_max;
   if (type == RD_TRUNC && size == 0) { /* ABANDONED: its send failed at the sender */
     abandoned(c, r, b);
     return;
@@ -430,8 +489,7 @@ static void drop_backlog(fab_comm* c, fab_req* only) {
     rd_rsub* b = &rd_rq(e.r)->sub[e.sub];
     if (sub_get(b) == RD_SUB_DONE) continue; /* an eager message completed it */
     if (e.r->result == FAB_OK) e.r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
-    sub_finish(b);
-    fab_req_op_done(e.r, 1);
+    settle(e.r, b, b->parts); /* its tagged receive is not posted, or took its request-to-send */
   }
   atomic_store_explicit(&rc->nbacklog, kept, memory_order_release);
 }
@@ -448,13 +506,9 @@ void rd_recv_cancel(fab_comm* c) {
     for (int k = 0; k < r->n; k++) {
       rd_rsub* b = &rd_rq(r)->sub[k];
       int st = sub_get(b);
-      if (st == RD_SUB_DONE || st == RD_SUB_IDLE) continue;
-      if (st == RD_SUB_LISTENING) { /* the provider holds it: its cancellation ends it */
-        rd_tagged_unlisten(c, b);
-        continue;
-      }
-      sub_finish(b);
-      fab_req_op_done(r, 1);
+      if (st == RD_SUB_DONE || st == RD_SUB_IDLE || st == RD_SUB_UNPOSTED) continue; /* UNPOSTED: the backlog */
+      if (b->parts & RD_PART_TAGGED) rd_tagged_unlisten(c, b); /* the provider holds it: its cancellation ends it */
+      if (b->parts & RD_PART_WRITE) settle(r, b, RD_PART_WRITE);
     }
   }
 }
@@ -488,12 +542,9 @@ void rd_recv_check_gone(fab_comm* c, fab_req* r) {
       r->result = FAB_ERR_INVALID_USAGE;
       r->errmsg = strdup(msg);
     }
-    if (st == RD_SUB_LISTENING) { /* the provider holds it: its cancellation ends it */
-      rd_tagged_unlisten(c, b);
-      continue;
-    }
-    sub_finish(b);
-    fab_req_op_done(r, 1);
+    if (st == RD_SUB_UNPOSTED) continue; /* in the backlog: posted later, and failed by its result then */
+    if (b->parts & RD_PART_TAGGED) rd_tagged_unlisten(c, b); /* the provider holds it: its cancellation ends it */
+    if (b->parts & RD_PART_WRITE) settle(r, b, RD_PART_WRITE);
   }
   pthread_mutex_unlock(&c->ep->lock);
 }

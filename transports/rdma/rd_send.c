@@ -130,11 +130,11 @@ static ssize_t send_tagged(fab_comm* c, fab_req* r) {
     fail_send(c, r, FAB_ERR_INVALID_USAGE, msg);
     return 0;
   }
-  int rts = q->ts == RD_TS_RTS;
+  const char* what = q->ts == RD_TS_RTS ? "request-to-send" : q->ts == RD_TS_MARK ? "mark" : "message";
   ssize_t rc = rd_tagged_send(c, r);
   if (FAB_LIKELY(rc >= 0) || rc == -FI_EAGAIN) return rc;
   snprintf(msg, sizeof(msg), "send of %zu bytes (tag %d) to %s: posting its tagged %s failed: %s", r->size, r->tag,
-           c->peer_name, rts ? "request-to-send" : "message", fi_strerror((int)-rc));
+           c->peer_name, what, fi_strerror((int)-rc));
   fail_send(c, r, fab_result_from_fi((int)-rc), msg);
   return 0;
 }
@@ -163,9 +163,9 @@ static void post_waiting(fab_comm* c) {
   for (uint32_t i = 0; i < s->nwait; i++) {
     fab_req* r = s->wait[i];
     rd_sreq* q = rd_sq(r);
-    if (q->ts == RD_TS_DATA || q->ts == RD_TS_RTS) {
+    if (q->ts == RD_TS_DATA || q->ts == RD_TS_RTS || q->ts == RD_TS_MARK) {
       if (post_unsent(c, r, &blocked)) continue;
-      if (q->ts != RD_TS_ASKED) {
+      if (q->ts != RD_TS_ASKED && q->ts != RD_TS_MARKED) {
         s->wait[kept++] = r;
         continue;
       }
@@ -277,8 +277,12 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
    * waits for the announcement */
   int went;
   if (q->ts != RD_TS_NONE) {
+    if (take(s, tag, q->k, &q->target)) { /* announced ahead: a mark takes the tagged receive, then the write */
+      q->matched = 1;
+      q->ts = RD_TS_MARK;
+    }
     ssize_t t = s->unsent ? -FI_EAGAIN : send_tagged(c, r);
-    went = t == 0;
+    went = t == 0 || (q->ts == RD_TS_MARKED && post(c, r) != -FI_EAGAIN);
     if (t == -FI_EAGAIN) s->unsent++;
   } else if (take(s, tag, q->k, &q->target)) {
     q->matched = 1;
@@ -308,7 +312,7 @@ static void drop_waiting(fab_comm* c, fab_req* only) {
       continue;
     }
     if (r->result == FAB_OK) r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
-    if (rd_sq(r)->ts == RD_TS_DATA || rd_sq(r)->ts == RD_TS_RTS) s->unsent--;
+    if (rd_sq(r)->ts == RD_TS_DATA || rd_sq(r)->ts == RD_TS_RTS || rd_sq(r)->ts == RD_TS_MARK) s->unsent--;
     let_go(rd_sq(r));
     fab_req_op_done(r, 0);
   }
@@ -324,7 +328,7 @@ static void drop_unsent(fab_comm* c) {
   for (uint32_t k = 0; k < s->nwait; k++) {
     fab_req* r = s->wait[k];
     rd_sreq* q = rd_sq(r);
-    if (q->ts != RD_TS_DATA && q->ts != RD_TS_RTS) {
+    if (q->ts != RD_TS_DATA && q->ts != RD_TS_RTS && q->ts != RD_TS_MARK) {
       s->wait[kept++] = r;
       continue;
     }

@@ -31,13 +31,18 @@
 
 /* --- sender ---------------------------------------------------------------------- */
 
+/* Its tagged message (rd_tag_word: the kind, and how far we consumed
+ * announcements): the data, or 0 bytes for a request-to-send or a mark,
+ * which nothing completes. */
 static ssize_t post_tsend(fab_comm* c, rd_sreq* q, size_t size, uint64_t tag) {
+  unsigned kind = q->ts == RD_TS_DATA ? RD_TAG_DATA : q->ts == RD_TS_RTS ? RD_TAG_RTS : RD_TAG_MARK;
+  uint64_t data = rd_tag_word(kind, rd_s(c)->next_index);
   ssize_t rc;
   fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
-  if (q->ts == RD_TS_RTS) /* no bytes, nothing to complete: the announcement answers it */
-    rc = fi_tinjectdata(c->ep->ep, NULL, 0, 0, c->peer, tag);
+  if (kind == RD_TAG_DATA)
+    rc = fi_tsenddata(c->ep->ep, q->data, size, q->desc, data, c->peer, tag, &q->op.ctx);
   else
-    rc = fi_tsend(c->ep->ep, q->data, size, q->desc, c->peer, tag, &q->op.ctx);
+    rc = fi_tinjectdata(c->ep->ep, NULL, 0, data, c->peer, tag);
   fab_ep_serial_leave(c->ep);
   return rc;
 }
@@ -50,7 +55,7 @@ ssize_t rd_tagged_send(fab_comm* c, fab_req* r) {
   if (rc != 0) return rc;
   s->tcredits--;
   if (q->ts == RD_TS_DATA) return 0; /* its completion ends it (write_done) */
-  q->ts = RD_TS_ASKED;
+  q->ts = q->ts == RD_TS_RTS ? RD_TS_ASKED : RD_TS_MARKED;
   return 1;
 }
 
