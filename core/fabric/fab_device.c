@@ -143,6 +143,7 @@ static void fill_properties(fab_device* d, const struct fi_info* fi) {
   p->force_flush = 0;
   size_t bps = (fi->nic && fi->nic->link_attr) ? fi->nic->link_attr->speed : 0;
   p->speed_mbps = bps >= 1000000 ? (int)(bps / 1000000 > INT_MAX ? INT_MAX : bps / 1000000) : FAB_DEFAULT_SPEED_MBPS;
+  if (fab_g.params.link_speed_mbps > 0) p->speed_mbps = fab_g.params.link_speed_mbps;
   p->port = 1;
   p->latency_us = 0.0f; /* unknown; NCCL uses its own per-transport constants */
   p->max_comms = d->tags.conn_max > INT_MAX ? INT_MAX : (int)d->tags.conn_max;

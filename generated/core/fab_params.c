@@ -30,6 +30,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->gpu_memory = -1;
   params->eager_max = 0u;
   params->tagged_max = 16384u;
+  params->link_speed_mbps = 0;
   params->gpu_emulate = 0;
   params->rma_stage_slots = 8;
   params->rma_stage_bytes = 262144u;
@@ -53,6 +54,7 @@ const char* const fab_param_names[] = {
     "FABRIC_GPU_MEMORY",
     "FABRIC_EAGER_MAX",
     "FABRIC_TAGGED_MAX",
+    "FABRIC_LINK_SPEED_MBPS",
     "FABRIC_GPU_EMULATE",
     "FABRIC_RMA_STAGE_SLOTS",
     "FABRIC_RMA_STAGE_BYTES",
@@ -329,6 +331,19 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->tagged_max = (size_t)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_LINK_SPEED_MBPS")) != NULL) {
+    long long v;
+    if (parse_int(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_LINK_SPEED_MBPS=%s is not an integer; using 0", s);
+      bad++;
+    } else if (v < 0 || v > 10000000) {
+      complain(errbuf, errbuf_size, "FABRIC_LINK_SPEED_MBPS=%s is outside %d..%d; using 0", s, 0, 10000000);
+      bad++;
+    } else {
+      params->link_speed_mbps = (int)v;
     }
   }
 

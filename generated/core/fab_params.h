@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 20
+#define FAB_PARAM_COUNT 21
 
 typedef struct fab_params fab_params;
 
@@ -53,6 +53,8 @@ struct fab_params {
   size_t eager_max;
   /* FABRIC_TAGGED_MAX: rdma transport: the largest message sent as one tagged message into its posted receive; a larger one asks its receiver for the buffer (a request-to-send the posted receive takes) and is written into it with one RMA write. Receives are announced only when a sender asks. 0: every receive is announced when posted and every message written (the protocol before; nothing reaches a peer before its receive is posted, and FABRIC_EAGER_MAX applies). The sender's value decides for its connection. At most 128 such messages (and requests-to-send) per connection may be on their way before the receiver takes some. The default, the size up to which ofi_rxm sends a tagged message at once, keeps small messages at one provider message each (raw tagged latency) and large ones zero-copy; a message just above it costs two more trips, a request and an announcement (docs/performance.md). */
   size_t tagged_max;
+  /* FABRIC_LINK_SPEED_MBPS: The link speed each device reports to NCCL, in Mb/s, which NCCL's topology search and tuning read. 0 (the default): the provider's figure for the NIC, or 100000 (100 Gb/s) where it has none (tcp on loopback, shm). NCCL's own Socket transport reports 10000 where the interface has no speed (loopback). */
+  int link_speed_mbps;
   /* FABRIC_GPU_EMULATE: Tests only: one-sided windows registered as `NCCL_PTR_CUDA` are taken to be host memory that the CPU and the provider must not touch (the tests map it without access), and the plugin's GPU copies reach it through `/proc/self/mem`. Lets the CPU-only suite run the GPU-window paths (staging, signals into GPU memory) without a GPU. Never set it in production. */
   int gpu_emulate;
   /* FABRIC_RMA_STAGE_SLOTS: One-sided windows in GPU memory on a provider without FI_HMEM (tcp; shm on 1.17) are staged through host memory: each rank keeps this many slots per peer for the chunks it receives, and as many for the chunks it sends. Memory per peer: 2 x slots x `FABRIC_RMA_STAGE_BYTES`, allocated at the first such registration. */

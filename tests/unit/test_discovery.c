@@ -80,6 +80,23 @@ Test(discovery, max_p2p_param) {
   api->finalize(ctx);
 }
 
+/* FABRIC_LINK_SPEED_MBPS replaces the speed a device reports (the provider's, or 100 Gb/s where it has none). */
+Test(discovery, link_speed_param) {
+  ut_use_provider("shm");
+  fab_ctx* ctx;
+  fab_properties p;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  api->get_properties(0, &p);
+  cr_assert_eq(p.speed_mbps, 100000, "shm has no link speed: 100 Gb/s is reported");
+  api->finalize(ctx);
+  setenv("FABRIC_LINK_SPEED_MBPS", "10000", 1);
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  api->get_properties(0, &p);
+  unsetenv("FABRIC_LINK_SPEED_MBPS");
+  cr_assert_eq(p.speed_mbps, 10000);
+  api->finalize(ctx);
+}
+
 /* The tcp devices' names (one init), and how many there are. */
 static int tcp_devices(char names[][FAB_NAME_MAX], int cap) {
   setenv("FABRIC_PROVIDER", "tcp", 1);
