@@ -76,11 +76,19 @@ enum {
   RD_TS_MARK = 4,   /* its buffer was announced before it was sent: a mark (a tagged message of 0 bytes)
                      * takes the receive's tagged half, not posted yet; then it is written */
   RD_TS_MARKED = 5, /* mark posted: written as an announced send */
+  RD_TS_ABANDON = 6, /* failed before its tagged message went (its buffer deregistered): an abandon message
+                      * (0 bytes) still takes its receive, which fails, so the next message meets the next
+                      * receive; not posted yet */
 };
+
+/* A send whose tagged message (data, request, mark or abandon) is not posted yet: it holds back the later ones. */
+static inline int rd_ts_unsent(uint8_t ts) {
+  return ts == RD_TS_DATA || ts == RD_TS_RTS || ts == RD_TS_MARK || ts == RD_TS_ABANDON;
+}
 
 /* The kind of a sender's tagged message, in its remote CQ data with the
  * announcements it has consumed (mod 2^14): bits 15..14 kind, 13..0 count. */
-enum { RD_TAG_DATA = 0, RD_TAG_RTS = 1, RD_TAG_MARK = 2 };
+enum { RD_TAG_DATA = 0, RD_TAG_RTS = 1, RD_TAG_MARK = 2, RD_TAG_ABANDON = 3 };
 static inline uint64_t rd_tag_word(unsigned kind, uint32_t consumed) {
   return (uint64_t)kind << 14 | (consumed & 0x3fff);
 }
@@ -235,8 +243,9 @@ void rd_eager_ack_if_due(fab_comm* c);
 /* rd_tagged.c: asked announcements */
 /* Sender, ep lock held: posts r's tagged message, using a credit: 0 (its
  * data: its completion ends r), 1 (its request-to-send: r now waits for its
- * announcement; or its mark: r is written next), -FI_EAGAIN (no credit, or
- * the provider is busy), or another provider error. */
+ * announcement; its mark: r is written next; its abandon message: r fails),
+ * -FI_EAGAIN (no credit, or the provider is busy), or another provider
+ * error. */
 ssize_t rd_tagged_send(fab_comm* c, fab_req* r);
 /* Receiver, ep lock held: posts buffer b's tagged receive: 0, -FI_EAGAIN or an error. */
 ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b);

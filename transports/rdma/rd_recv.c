@@ -325,6 +325,21 @@ void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint
   settle(r, b, RD_PART_WRITE);
 }
 
+/* The sender gave the message for b up before writing it (its buffer was
+ * deregistered while the send waited): the receive fails with its account. */
+static void abandoned(fab_comm* c, fab_req* r, rd_rsub* b, uint8_t parts) {
+  if (r->result == FAB_OK && !c->closing) {
+    char msg[320];
+    snprintf(msg, sizeof(msg),
+             "receive of %zu bytes (tag %d) from %s failed: the sender gave its message up before writing it (its "
+             "buffer was deregistered while the send waited); the peer's log says more",
+             b->size, b->ctrl.tag, c->peer_name);
+    r->result = FAB_ERR_REMOTE;
+    r->errmsg = strdup(msg);
+  }
+  settle(r, b, parts);
+}
+
 /* --- tagged receives (asked announcements) ------------------------------------------ */
 
 /* A small message larger than its buffer spilled into the sink: the receive
@@ -380,7 +395,7 @@ static void listened(fab_op* op, const fab_cqe* done, const struct fi_cq_err_ent
   rd_tagged_taken(c);
   uint32_t w = (uint32_t)done->data;
   unsigned kind = w >> 14 & 3;
-  if (!(done->flags & FI_REMOTE_CQ_DATA) || kind > RD_TAG_MARK ||
+  if (!(done->flags & FI_REMOTE_CQ_DATA) ||
       (kind == RD_TAG_MARK && sub_get(b) != RD_SUB_ANNOUNCED) || (kind != RD_TAG_DATA && done->len != 0)) {
     rd_protocol_error(c, "a tagged message of an unknown kind, or a mark for a buffer not announced");
     settle(r, b, b->parts);
@@ -389,7 +404,8 @@ static void listened(fab_op* op, const fab_cqe* done, const struct fi_cq_err_ent
   rd_recv_acked(c, rd_widen_count(w & 0x3fff, atomic_load_explicit(&rd_r(c)->acked, memory_order_relaxed)));
   if (kind == RD_TAG_DATA) tagged_data(c, r, b, done->len);
   else if (kind == RD_TAG_RTS) asked_for(c, r, op->index, b);
-  else settle(r, b, RD_PART_TAGGED);
+  else if (kind == RD_TAG_MARK) settle(r, b, RD_PART_TAGGED);
+  else abandoned(c, r, b, b->parts); /* its send failed before it went: nothing will be written either */
 }
 
 void rd_recv_init_req(fab_comm* c, fab_req* r) {
@@ -425,21 +441,6 @@ rd_rsub* rd_recv_find_open(fab_comm* c, int32_t tag, uint32_t k, fab_req** out) 
 /* The sender wrote (DATA) or refused to write (TRUNC) the buffer named by
  * slot. Every field of the peer's CQ data is checked against what we
  * announced. */
-/* The sender gave the message for b up before writing it (its buffer was
- * deregistered while the send waited): the receive fails with its account. */
-static void abandoned(fab_comm* c, fab_req* r, rd_rsub* b) {
-  if (r->result == FAB_OK && !c->closing) {
-    char msg[320];
-    snprintf(msg, sizeof(msg),
-             "receive of %zu bytes (tag %d) from %s failed: the sender gave its message up before writing it (its "
-             "buffer was deregistered while the send waited); the peer's log says more",
-             b->size, b->ctrl.tag, c->peer_name);
-    r->result = FAB_ERR_REMOTE;
-    r->errmsg = strdup(msg);
-  }
-  settle(r, b, RD_PART_WRITE);
-}
-
 void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
   uint32_t idx = slot >> 3, k = slot & 7;
   uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
@@ -466,7 +467,7 @@ void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
     atomic_store_explicit(&rd_r(c)->acked, next, memory_order_release);
   if (rd_r(c)->asked && type == RD_DATA) rd_r(c)->ahead = size > rd_r(c)->tagged_max;
   if (type == RD_TRUNC && size == 0) { /* ABANDONED: its send failed at the sender */
-    abandoned(c, r, b);
+    abandoned(c, r, b, RD_PART_WRITE);
     return;
   }
   rd_recv_complete(c, r, b, NULL, size);

@@ -124,18 +124,23 @@ static fab_req* waiting_send(rd_scomm* s, int tag, uint32_t k) {
 static ssize_t send_tagged(fab_comm* c, fab_req* r) {
   rd_sreq* q = rd_sq(r);
   char msg[256];
-  if (FAB_UNLIKELY(q->held != NULL) && atomic_load_explicit(&q->held->gone, memory_order_acquire)) {
+  if (FAB_UNLIKELY(q->held != NULL) && atomic_load_explicit(&q->held->gone, memory_order_acquire))
+    q->ts = RD_TS_ABANDON; /* never read from a closed region; its receive is told instead */
+  const char* what = q->ts == RD_TS_RTS ? "request-to-send" : q->ts == RD_TS_MARK ? "mark" : "message";
+  ssize_t rc = rd_tagged_send(c, r);
+  if (FAB_LIKELY(rc >= 0) && q->ts == RD_TS_ABANDON) {
     snprintf(msg, sizeof(msg), "send of %zu bytes (tag %d) to %s: its buffer was deregistered before the send "
              "could be posted; deregister a buffer only after its sends complete", r->size, r->tag, c->peer_name);
     fail_send(c, r, FAB_ERR_INVALID_USAGE, msg);
     return 0;
   }
-  const char* what = q->ts == RD_TS_RTS ? "request-to-send" : q->ts == RD_TS_MARK ? "mark" : "message";
-  ssize_t rc = rd_tagged_send(c, r);
   if (FAB_LIKELY(rc >= 0) || rc == -FI_EAGAIN) return rc;
+  /* its receive will never be taken: the connection's later messages would meet the wrong receives */
   snprintf(msg, sizeof(msg), "send of %zu bytes (tag %d) to %s: posting its tagged %s failed: %s", r->size, r->tag,
            c->peer_name, what, fi_strerror((int)-rc));
   fail_send(c, r, fab_result_from_fi((int)-rc), msg);
+  fab_comm_fail(c, fab_result_from_fi((int)-rc), "a tagged message could not be posted, so the connection's "
+                "messages and receives are no longer paired");
   return 0;
 }
 
@@ -163,7 +168,7 @@ static void post_waiting(fab_comm* c) {
   for (uint32_t i = 0; i < s->nwait; i++) {
     fab_req* r = s->wait[i];
     rd_sreq* q = rd_sq(r);
-    if (q->ts == RD_TS_DATA || q->ts == RD_TS_RTS || q->ts == RD_TS_MARK) {
+    if (rd_ts_unsent(q->ts)) {
       if (post_unsent(c, r, &blocked)) continue;
       if (q->ts != RD_TS_ASKED && q->ts != RD_TS_MARKED) {
         s->wait[kept++] = r;
@@ -312,7 +317,7 @@ static void drop_waiting(fab_comm* c, fab_req* only) {
       continue;
     }
     if (r->result == FAB_OK) r->result = c->error != FAB_OK ? c->error : FAB_ERR_SYSTEM;
-    if (rd_sq(r)->ts == RD_TS_DATA || rd_sq(r)->ts == RD_TS_RTS || rd_sq(r)->ts == RD_TS_MARK) s->unsent--;
+    if (rd_ts_unsent(rd_sq(r)->ts)) s->unsent--;
     let_go(rd_sq(r));
     fab_req_op_done(r, 0);
   }
@@ -328,7 +333,7 @@ static void drop_unsent(fab_comm* c) {
   for (uint32_t k = 0; k < s->nwait; k++) {
     fab_req* r = s->wait[k];
     rd_sreq* q = rd_sq(r);
-    if (q->ts != RD_TS_DATA && q->ts != RD_TS_RTS && q->ts != RD_TS_MARK) {
+    if (!rd_ts_unsent(q->ts)) {
       s->wait[kept++] = r;
       continue;
     }

@@ -35,7 +35,10 @@
  * announcements): the data, or 0 bytes for a request-to-send or a mark,
  * which nothing completes. */
 static ssize_t post_tsend(fab_comm* c, rd_sreq* q, size_t size, uint64_t tag) {
-  unsigned kind = q->ts == RD_TS_DATA ? RD_TAG_DATA : q->ts == RD_TS_RTS ? RD_TAG_RTS : RD_TAG_MARK;
+  unsigned kind = q->ts == RD_TS_DATA   ? RD_TAG_DATA
+                  : q->ts == RD_TS_RTS  ? RD_TAG_RTS
+                  : q->ts == RD_TS_MARK ? RD_TAG_MARK
+                                        : RD_TAG_ABANDON;
   uint64_t data = rd_tag_word(kind, rd_s(c)->next_index);
   ssize_t rc;
   fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
@@ -55,7 +58,8 @@ ssize_t rd_tagged_send(fab_comm* c, fab_req* r) {
   if (rc != 0) return rc;
   s->tcredits--;
   if (q->ts == RD_TS_DATA) return 0; /* its completion ends it (write_done) */
-  q->ts = q->ts == RD_TS_RTS ? RD_TS_ASKED : RD_TS_MARKED;
+  if (q->ts == RD_TS_RTS) q->ts = RD_TS_ASKED;
+  else if (q->ts == RD_TS_MARK) q->ts = RD_TS_MARKED;
   return 1;
 }
 
