@@ -92,17 +92,13 @@ def plot_vs_size(ax, datasets, test, ylabel, logy):
     return any_data
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("csv", nargs="+")
-    ap.add_argument("--out", default=".", help="output directory (default .)")
-    ap.add_argument("--prefix", default="netbench-", help="file name prefix (default netbench-)")
-    args = ap.parse_args()
-
+def pyplot_or_none(script):
+    """matplotlib.pyplot (Agg), or None after saying how to install it."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        return plt
     except ImportError:
         # The distribution's package lands in the system interpreter; a
         # pyenv/venv python3 on PATH does not see it, so try that one once.
@@ -110,11 +106,24 @@ def main():
         if (os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system)
                 and not os.environ.get("NETBENCH_PLOT_REEXEC")):
             os.environ["NETBENCH_PLOT_REEXEC"] = "1"
-            os.execv(system, [system, os.path.abspath(__file__)] + sys.argv[1:])
-        sys.stderr.write("plot.py: matplotlib is not installed. Install it with\n"
+            os.execv(system, [system, os.path.abspath(script)] + sys.argv[1:])
+        name = os.path.basename(script)
+        sys.stderr.write(f"{name}: matplotlib is not installed. Install it with\n"
                          "    apt-get install python3-matplotlib      (Debian/Ubuntu, for /usr/bin/python3)\n"
                          "or  python3 -m pip install matplotlib\n"
                          "and run this script with that interpreter.\n")
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", nargs="+")
+    ap.add_argument("--out", default=".", help="output directory (default .)")
+    ap.add_argument("--prefix", default="netbench-", help="file name prefix (default netbench-)")
+    args = ap.parse_args()
+
+    plt = pyplot_or_none(__file__)
+    if plt is None:
         return 2
 
     datasets = [load(p) for p in args.csv]

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """bench.plot: plot.py turns a netbench CSV (plot_fixture.csv) into its four
-PNG figures, and without matplotlib it exits 2 saying how to install it.
+PNG figures, and without matplotlib it exits 2 saying how to install it;
+plot_nccl.py turns nccl-tests logs (plot_nccl_fixture_*.log, rows of a real
+run) into one figure per collective and refuses a run with wrong elements.
 matplotlib is required (tests/install-deps.sh installs it)."""
 
 import os
@@ -12,12 +14,14 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLOT = os.path.join(HERE, "plot.py")
+PLOT_NCCL = os.path.join(HERE, "plot_nccl.py")
+NCCL_LOGS = [f"{label}=" + os.path.join(HERE, f"plot_nccl_fixture_{label.lower()}.log") for label in ("Socket", "Fabric")]
 FIXTURE = os.path.join(HERE, "plot_fixture.csv")
 FIGURES = ("latency", "bandwidth", "ratio", "summary")
 
 
-def run_plot(*args, env=None):
-    return subprocess.run([sys.executable, PLOT, *args], capture_output=True, text=True,
+def run_plot(*args, env=None, script=PLOT):
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})})
 
 
@@ -66,6 +70,34 @@ class Plot(unittest.TestCase):
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("matplotlib is not installed", r.stderr)
             self.assertFalse([n for n in os.listdir(stub) if n.endswith(".png")])
+
+
+class PlotNccl(unittest.TestCase):
+    def test_plots_one_figure_per_collective(self):
+        with tempfile.TemporaryDirectory() as out:
+            r = run_plot("--out", out, "--prefix", "n-", *NCCL_LOGS, script=PLOT_NCCL)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            want = os.path.join(out, "n-all_reduce.png")
+            self.assertEqual(r.stdout.split(), [want])
+            w, h = png_size(want)
+            self.assertGreaterEqual(min(w, h), 300, f"{want}: {w}x{h}")
+            self.assertGreater(os.path.getsize(want), 10000, f"{want}: almost empty")
+
+    def test_refuses_a_run_with_wrong_elements(self):
+        with tempfile.TemporaryDirectory() as out:
+            bad = os.path.join(out, "bad.log")
+            with open(NCCL_LOGS[1].split("=", 1)[1]) as f, open(bad, "w") as g:
+                for line in f:  # one wrong element in the 2 KiB row
+                    g.write(line.replace("0.05       0    38.39", "0.05       1    38.39"))
+            r = run_plot("--out", out, NCCL_LOGS[0], f"Fabric={bad}", script=PLOT_NCCL)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn("1 wrong elements at 2048 bytes", r.stderr)
+            self.assertFalse([n for n in os.listdir(out) if n.endswith(".png")])
+
+    def test_rejects_what_is_not_label_equals_log(self):
+        r = run_plot(NCCL_LOGS[0].split("=", 1)[1], script=PLOT_NCCL)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("is not LABEL=LOG", r.stderr)
 
 
 if __name__ == "__main__":
