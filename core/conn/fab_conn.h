@@ -148,9 +148,6 @@ uint32_t fab_conn_id_next(fab_endpoint* ep);
 /* fab_ctrl.c: sends an answer refusing a connect request; best effort. ep
  * lock held. rails: the listener's rail count to report (0: the request's). */
 void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status, int rails);
-/* Posts the refusals the provider could not take before (sweep hook); returns
- * how many left ep->refusals. ep lock held. */
-int fab_conn_refusals_retry(fab_endpoint* ep);
 /* Takes a pending connect off home->connects (home lock held, not ep's):
  * frees it now or parks it until its operations complete; after a failure
  * (ok == 0) a private endpoint goes with it. */

@@ -7,6 +7,7 @@
 
 /* After fi_close(ep): nothing can complete any more; free everything. */
 static void endpoint_teardown(fab_endpoint* ep) {
+  fab_ep_ctl_drop(ep); /* never posted: nothing of them is in flight */
   fab_listen_teardown(ep);
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->connects) {
     fab_pending* pc = FAB_CONTAINER_OF(it, fab_pending, park.node);
@@ -21,9 +22,9 @@ static void endpoint_teardown(fab_endpoint* ep) {
   }
 }
 
-/* Unsent refusals first: a refusal posted now can complete by the next poll. */
+/* Unsent control messages first: one posted now can complete by the next poll. */
 static int endpoint_sweep(fab_endpoint* ep) {
-  int gone = fab_list_empty(&ep->refusals) ? 0 : fab_conn_refusals_retry(ep);
+  int gone = fab_list_empty(&ep->ctl_owed) ? 0 : fab_ep_ctl_retry(ep);
   return gone + fab_comm_sweep_closed(ep);
 }
 

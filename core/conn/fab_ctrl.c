@@ -9,102 +9,29 @@
 #include "fab_pwin.h"
 #include "fab_transport.h"
 
-/* --- refusals: answers that free themselves ------------------------------- */
+/* --- refusals ------------------------------------------------------------- */
 
-/* A refusal the provider cannot take now (-FI_EAGAIN: rxm while its
- * connection to the connector is still being set up, a full send queue) is
- * kept on ep->refusals and retried by the sweep hook; a refusal dropped
- * instead would leave its connector waiting out FABRIC_CONNECT_TIMEOUT_MS.
- * One still refused after FAB_ANSWER_RETRY_MS is given up with a WARN. */
-typedef struct refusal {
-  fab_parked park; /* ep->refusals until posted, then ep->parked */
-  fab_op op;
-  fab_wire_accept msg;
-  struct fid_mr* mr;
-  void* desc;
-  fab_endpoint* ep;
-  fi_addr_t peer;
-  uint32_t connector_id; /* the answer's tag */
-  int64_t since_ms;
-} refusal;
-
-static void refusal_destroy(fab_parked* p) {
-  refusal* r = FAB_CONTAINER_OF(p, refusal, park);
-  fab_ep_ctrl_dereg(r->mr);
-  fab_ep_av_release(r->ep, r->peer);
-  free(r);
-}
-
-static void refusal_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
-  refusal* r = op->owner;
-  fab_list_del(&r->park.node);
-  refusal_destroy(&r->park);
-}
-
-/* 0 once posted (then on ep->parked), -FI_EAGAIN to retry, or the error. */
-static int refusal_post(refusal* r) {
-  fab_endpoint* ep = r->ep;
-  int rc = (int)fi_tsend(ep->ep, &r->msg, sizeof(r->msg), r->desc, r->peer,
-                         fab_tag_accept(&ep->dev->tags, r->connector_id), &r->op.ctx);
-  if (rc == 0) fab_ep_park(ep, &r->park);
-  return rc;
-}
-
-static void refusal_lost(refusal* r, const char* why) {
-  char name[96];
-  fab_ep_peer_name(r->ep, r->peer, name, sizeof(name));
-  FAB_WARN("%s: could not refuse a connect request from %s: %s; that connect waits out its "
-           "FABRIC_CONNECT_TIMEOUT_MS", r->ep->dev->name, name, why);
-  refusal_destroy(&r->park);
-}
-
+/* A refusal the provider cannot take now (rxm while its connection to the
+ * connector is still being set up, a full send queue) waits on the
+ * endpoint and is posted by its sweep (fab_ep_ctl.c): a refusal dropped
+ * instead would leave its connector waiting out FABRIC_CONNECT_TIMEOUT_MS. */
 void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t status, int rails) {
-  fi_addr_t peer;
-  if (fab_ep_av_insert(ep, req->addr, req->addr_len, &peer) != 0) return; /* no address to answer: it times out */
-  refusal* r = calloc(1, sizeof(*r));
-  if (!r) {
-    fab_ep_av_release(ep, peer);
-    return;
-  }
-  r->ep = ep;
-  r->peer = peer;
-  r->connector_id = req->connector_id;
-  r->since_ms = fab_now_ms();
-  r->park.destroy = refusal_destroy;
-  fab_op_init(&r->op, refusal_done, r, 0);
+  fab_ctl_dest to = {.tagged = 1,
+                     .tag = fab_tag_accept(&ep->dev->tags, req->connector_id),
+                     .holds_av = 1,
+                     .what = "a refusal of a connect request",
+                     .then = "that connect waits out its FABRIC_CONNECT_TIMEOUT_MS"};
+  if (fab_ep_av_insert(ep, req->addr, req->addr_len, &to.peer) != 0) return; /* no address to answer: it times out */
+  fab_wire_accept msg;
   fab_wire_tp tp = {.transport = ep->dev->ops->id}; /* tells a connector on another transport which */
-  fab_wire_accept_encode(&r->msg, status, req->listen_id, req->connector_id, 0, &tp, rails ? rails : req->rails, 0);
-  if (fab_ep_ctrl_reg(ep, &r->msg, sizeof(r->msg), &r->mr, &r->desc) != 0) {
-    refusal_lost(r, "registering its buffer failed");
-    return;
+  fab_wire_accept_encode(&msg, status, req->listen_id, req->connector_id, 0, &tp, rails ? rails : req->rails, 0);
+  int rc = fab_ep_ctl_send(ep, &to, &msg, sizeof(msg));
+  if (rc != 0) {
+    char name[96];
+    fab_ep_peer_name(ep, to.peer, name, sizeof(name));
+    FAB_WARN("%s: could not refuse a connect request from %s: %s; that connect waits out its "
+             "FABRIC_CONNECT_TIMEOUT_MS", ep->dev->name, name, fi_strerror(-rc));
   }
-  int rc = refusal_post(r);
-  if (rc == -FI_EAGAIN) {
-    fab_list_push(&ep->refusals, &r->park.node);
-    fab_ep_nclosing_add(ep, 1);
-  } else if (rc != 0) {
-    refusal_lost(r, fi_strerror(-rc));
-  }
-}
-
-int fab_conn_refusals_retry(fab_endpoint* ep) {
-  int gone = 0;
-  int64_t now = fab_now_ms();
-  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->refusals) {
-    refusal* r = FAB_CONTAINER_OF(it, refusal, park);
-    fab_list_del(&r->park.node);
-    int rc = refusal_post(r);
-    if (rc == -FI_EAGAIN && now - r->since_ms < FAB_ANSWER_RETRY_MS) {
-      fab_list_push(&ep->refusals, &r->park.node);
-      continue;
-    }
-    fab_ep_nclosing_add(ep, -1);
-    gone++;
-    char why[64];
-    snprintf(why, sizeof(why), "the provider took no send for %d ms", FAB_ANSWER_RETRY_MS);
-    if (rc != 0) refusal_lost(r, rc == -FI_EAGAIN ? why : fi_strerror(-rc));
-  }
-  return gone;
 }
 
 /* --- connect-request receives ----------------------------------------------- */
@@ -249,11 +176,6 @@ void fab_listen_teardown(fab_endpoint* ep) {
     fab_listener* l = FAB_CONTAINER_OF(it, fab_listener, node);
     fab_obj_remove(l->handle, FAB_OBJ_LISTEN);
     fab_listener_free_locked(l, 0);
-  }
-  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->refusals) { /* never posted: nothing of them is in flight */
-    fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
-    fab_list_del(&p->node);
-    p->destroy(p);
   }
   if (ep->ctrl_rx) {
     for (int i = 0; i < FAB_CTRL_RX; i++) fab_ep_ctrl_dereg(ep->ctrl_rx[i].mr);

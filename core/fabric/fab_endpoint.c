@@ -155,7 +155,7 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
   fab_list_init(&ep->connects);
   fab_list_init(&ep->comms);
   fab_list_init(&ep->parked);
-  fab_list_init(&ep->refusals);
+  fab_list_init(&ep->ctl_owed);
   fab_list_init(&ep->retired);
   fab_list_init(&ep->privates);
   fab_list_init(&ep->private_node);
@@ -593,59 +593,6 @@ void fab_ep_park(fab_endpoint* ep, fab_parked* p) { fab_list_push(&ep->parked, &
 void fab_ep_nclosing_add(fab_endpoint* ep, int d) {
   atomic_store_explicit(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) + d,
                         memory_order_relaxed);
-}
-
-/* A control message that owns itself: parked on its endpoint until its
- * completion (or the endpoint's destruction) frees it. */
-typedef struct ctl_msg {
-  fab_parked park;
-  fab_op op;
-  struct fid_mr* mr;
-  size_t len;
-  _Alignas(8) unsigned char buf[];
-} ctl_msg;
-
-static void ctl_msg_destroy(fab_parked* p) {
-  ctl_msg* m = FAB_CONTAINER_OF(p, ctl_msg, park);
-  fab_ep_ctrl_dereg(m->mr);
-  free(m);
-}
-
-static void ctl_msg_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
-  (void)done;
-  (void)err; /* the peer is gone or closed: its comm learns that on its own */
-  ctl_msg* m = op->owner;
-  fab_list_del(&m->park.node);
-  ctl_msg_destroy(&m->park);
-}
-
-static int send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len, int wait) {
-  ctl_msg* m = calloc(1, sizeof(*m) + len);
-  void* desc = NULL;
-  if (!m) return -FI_ENOMEM;
-  memcpy(m->buf, msg, len);
-  m->len = len;
-  m->park.destroy = ctl_msg_destroy;
-  fab_op_init(&m->op, ctl_msg_done, m, 0);
-  int rc = fab_ep_ctrl_reg(ep, m->buf, len, &m->mr, &desc);
-  int64_t until = fab_now_ms() + fab_g.params.connect_timeout_ms;
-  while (rc == 0 && (rc = (int)fi_send(ep->ep, m->buf, len, desc, peer, &m->op.ctx)) == -FI_EAGAIN && wait &&
-         fab_now_ms() < until)
-    fab_ep_progress_locked(ep);
-  if (rc != 0) {
-    ctl_msg_destroy(&m->park);
-    return rc;
-  }
-  fab_ep_park(ep, &m->park);
-  return 0;
-}
-
-int fab_ep_send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len) {
-  return send_ctl(ep, peer, msg, len, 1);
-}
-
-int fab_ep_send_ctl_once(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len) {
-  return send_ctl(ep, peer, msg, len, 0);
 }
 
 /* Control buffers need a descriptor on FI_MR_LOCAL providers. */

@@ -200,8 +200,8 @@ struct fab_endpoint {
   int64_t bad_ctrl_warned_ms; /* the last WARN about a malformed control message (fab_ctrl.c, ep lock) */
   uint32_t bad_ctrl_quiet;    /* malformed control messages ignored without a WARN since then */
   _Atomic int nclosing;       /* what the sweep hook must revisit: closed comms parked until their data
-                               * operations complete, own endpoints retiring (privates), refusals not
-                               * sent yet; changed under the lock (fab_ep_nclosing_add) */
+                               * operations complete, own endpoints retiring (privates), control
+                               * messages not sent yet; changed under the lock (fab_ep_nclosing_add) */
   _Atomic uint32_t sweep_tick;  /* data polls since the last sweep (relaxed, approximate) */
   _Atomic uint32_t sweep_every; /* data polls between sweeps: 64, doubling up to 4096 while
                                  * sweeps free nothing (a send that never completes) */
@@ -218,7 +218,7 @@ struct fab_endpoint {
   fab_list connects; /* pending connects */
   fab_list comms;    /* live send and recv comms */
   fab_list parked;
-  fab_list refusals; /* refusals the provider could not take yet (fab_ctrl.c), retried by the sweep */
+  fab_list ctl_owed; /* control messages the provider could not take yet, in order per peer (fab_ep_ctl.c) */
   fab_list retired;  /* buffers peers may still write into (fab_remote_buf_retire) */
   _Atomic(fab_bounce_pool*) bounce; /* slots for small writes the provider cannot inject (fab_remote_buf.c) */
   uint32_t next_conn_id;
@@ -502,14 +502,27 @@ static inline int fab_ep_bind_mr(fab_endpoint* ep, struct fid_mr* mr) {
   return rc;
 }
 void fab_ep_ctrl_dereg(struct fid_mr* mr);
-/* Sends a copy of msg (an untagged control message) to peer, best effort:
- * the copy frees itself when the send completes or fails. Retries while the
- * provider is busy, driving ep, up to FABRIC_CONNECT_TIMEOUT_MS. 0 or a
- * negative fi errno. ep lock held. */
-int fab_ep_send_ctl(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len);
-/* The same, tried once (-FI_EAGAIN when the provider is busy): for callers
- * inside a completion, which must not drive the endpoint again. */
-int fab_ep_send_ctl_once(fab_endpoint* ep, fi_addr_t peer, const void* msg, size_t len);
+/* Where a control message goes (fab_ep_ctl.c), and what its loss means. */
+typedef struct fab_ctl_dest {
+  fi_addr_t peer;
+  int tagged;       /* 1: a tagged send with tag; 0: untagged */
+  uint64_t tag;
+  int holds_av;     /* 1: the message owns a reference on peer's address and releases it when it goes */
+  const char* what; /* for the WARN if it is given up: "a refusal of a connect request" */
+  const char* then; /* and what follows from that: "that connect waits out ..." */
+} fab_ctl_dest;
+/* Sends a copy of msg, best effort: the copy frees itself when the send
+ * completes or fails. Posted now, or (provider busy) kept on ep->ctl_owed
+ * behind earlier ones to the same peer and posted by the sweep, given up
+ * with one WARN after FAB_ANSWER_RETRY_MS. Never drives ep: safe inside a
+ * completion. 0, or a negative fi errno when it cannot even be kept (then
+ * nothing was sent and to->holds_av's reference is released). ep lock held. */
+int fab_ep_ctl_send(fab_endpoint* ep, const fab_ctl_dest* to, const void* msg, size_t len);
+/* The sweep's part: posts what ep->ctl_owed holds; how many left it. */
+int fab_ep_ctl_retry(fab_endpoint* ep);
+/* Endpoint teardown (after fi_close): frees the messages never posted. */
+void fab_ep_ctl_drop(fab_endpoint* ep);
+
 /* The comm id table. set/clear under ep->lock (set returns -1 when out of
  * memory); get is lock-free and returns NULL for an unknown or cleared id. */
 int fab_ep_id_set(fab_endpoint* ep, uint32_t id, fab_comm* c);

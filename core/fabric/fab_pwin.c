@@ -33,12 +33,34 @@ static int grow(void** v, size_t* cap, size_t n, size_t elem) {
   return 0;
 }
 
+/* What each window message is, and what its loss means (fab_ep_ctl.c). */
+static fab_ctl_dest window_dest(const fab_comm* c, uint16_t op) {
+  fab_ctl_dest to = {.peer = c->peer};
+  switch (op) {
+    case FAB_WINDOW_ADD:
+      to.what = "a window offer";
+      to.then = "the peer's one-sided operations into that window fail";
+      break;
+    case FAB_WINDOW_REMOVE:
+      to.what = "a window withdrawal";
+      to.then = "the window was deregistered without the peer's confirmation";
+      break;
+    default:
+      to.what = "the answer to a window withdrawal";
+      to.then = "the peer deregistered after its short wait";
+  }
+  return to;
+}
+
 int fab_pwin_send(fab_comm* c, uint16_t op, uint64_t id, uint64_t va, uint64_t addr, uint64_t len, uint64_t key) {
   fab_wire_window m;
   fab_wire_window_encode(&m, op, c->peer_id, c->local_id, c->conn_id, id, va, addr, len, key);
-  return fab_ep_send_ctl(c->ep, c->peer, &m, sizeof(m));
+  fab_ctl_dest to = window_dest(c, op);
+  return fab_ep_ctl_send(c->ep, &to, &m, sizeof(m));
 }
 
+/* Often answered from inside a completion (the withdrawal's, or the last
+ * operation's): fab_ep_ctl_send never drives the endpoint. */
 static void answer_withdrawals(fab_comm* c, fab_pwin* p) {
   if (!p->ack_owed || p->ops_inflight) return;
   int rc = fab_pwin_send(c, FAB_WINDOW_ACK, 0, p->ack_owed, 0, 0, 0);

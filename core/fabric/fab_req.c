@@ -28,7 +28,10 @@ static const char* peer_word(const fab_req* r) { return r->type == FAB_REQ_SEND 
 void fab_comm_tell_truncated(fab_comm* c, int tag, size_t size, size_t over) {
   fab_wire_window m;
   fab_wire_window_encode(&m, FAB_NOTE_TRUNCATED, c->peer_id, c->local_id, c->conn_id, (uint32_t)tag, size, 0, over, 0);
-  int rc = fab_ep_send_ctl_once(c->ep, c->peer, &m, sizeof(m)); /* inside a completion: no progress here */
+  fab_ctl_dest to = {.peer = c->peer,
+                     .what = "a truncation notice",
+                     .then = "the sender is not told that its message was larger than the receive"};
+  int rc = fab_ep_ctl_send(c->ep, &to, &m, sizeof(m)); /* inside a completion: it never drives the endpoint */
   if (rc != 0)
     FAB_INFO(FAB_SUBSYS_NET, "telling %s of a truncated message failed: %s", c->peer_name, fi_strerror(-rc));
 }

@@ -482,3 +482,55 @@ Test(functional, onesided_write_after_silent_dereg, .init = ft_test_init, .timeo
   skip_unless_rma();
   ft_run_pair("onesided_write_after_silent_dereg", write_after_silent_dereg_body, NULL, 60);
 }
+
+/* Issue 26: deregMr of a window whose peer has closed everything must not
+ * wait on the peer. The withdrawal it sends finds no connection (rxm keeps
+ * answering -FI_EAGAIN while it tries to reconnect to the closed endpoint);
+ * a deregistration that drove the endpoint until the provider took it sat
+ * in deregMr for FABRIC_CONNECT_TIMEOUT_MS. */
+static void dereg_after_peer_closed_body(ft_peer* peer, void* arg) {
+  enum { BOUND_MS = 4000 }; /* the withdrawal's own wait is 1 s; the connect timeout is 20 s here */
+  ft_side s;
+  ft_conn c;
+  FT_CHECK(open_rdma(&s, peer, &c), "rma_supported is 0 on the rdma transport");
+  if (ft_role() == 0) { /* closes everything, then lets the peer deregister */
+    ft_sync(peer, "offered", T_MS);
+    ft_close_all(&s, &c, 1);
+    ft_side_close(&s);
+    ft_sync(peer, "closed", T_MS);
+    ft_sync(peer, "deregistered", T_MS);
+    return;
+  }
+  ft_mr mine;
+  win_desc d;
+  window(&s, &mine, c.recv_comm, &d); /* offered to the parent */
+  ft_mr note; /* a receive pending on the connection, for progress below */
+  ft_mr_alloc(&s, &note, c.recv_comm, 64);
+  int tag = 1;
+  size_t one = 1;
+  void* rreq = ft_irecv(&s, c.recv_comm, 1, &note.buf, &one, &tag, &note.mh, T_MS);
+  ft_sync(peer, "offered", T_MS);
+  ft_sync(peer, "closed", T_MS);
+  int done = 0; /* progress for a while: the provider learns that the connection closed */
+  ft_log_expect_warns(1); /* the closed peer's: whatever the provider reports */
+  ft_test_until(&s, rreq, NULL, 300, &done);
+  int64_t t0 = ft_now_ms();
+  fab_result rc = s.api->dereg_mr(c.recv_comm, mine.mh);
+  int64_t took = ft_now_ms() - t0;
+  mine.mh = NULL;
+  fprintf(stderr, "[dereg_after_peer_closed] deregMr returned %d after %lld ms\n", (int)rc, (long long)took);
+  FT_CHECK(rc == FAB_OK, "deregMr failed (%d) after the peer closed", (int)rc);
+  FT_CHECK(took < BOUND_MS, "deregMr took %lld ms after the peer closed (bound %d ms)", (long long)took, BOUND_MS);
+  ft_sync(peer, "deregistered", T_MS);
+  ft_free(mine.buf, mine.len);
+  ft_close_all(&s, &c, 1);
+  ft_mr_free(&s, &note);
+  ft_side_close(&s);
+  ft_log_expect_warns(0);
+}
+
+Test(functional, onesided_dereg_after_peer_closed, .init = ft_test_init, .timeout = 90) {
+  skip_unless_rma();
+  setenv("FABRIC_CONNECT_TIMEOUT_MS", "20000", 1);
+  ft_run_pair("onesided_dereg_after_peer_closed", dereg_after_peer_closed_body, NULL, 60);
+}
