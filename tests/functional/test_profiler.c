@@ -66,9 +66,12 @@ static void check_event(int op, int tag, int sub, uint64_t size, int transport, 
   FT_CHECK(start->e.transport == transport && stop->e.transport == transport, "%s: transport %d/%d, expected %d", what,
            start->e.transport, stop->e.transport, transport);
   FT_CHECK(start->peer[0] != '\0' && start->e.conn_id != 0, "%s: no peer name or connection id", what);
-  /* rdma: a message up to FABRIC_TAGGED_MAX (16384 unless set) goes as one tagged message, a larger one is written */
+  /* rdma: a message up to FABRIC_TAGGED_MAX (16384 unless set, or rxm's FI_OFI_RXM_BUFFER_SIZE up to 65536) goes
+   * as one tagged message, a larger one is written */
   const char* tm = getenv("FABRIC_TAGGED_MAX");
-  uint64_t tagged_max = tm ? strtoull(tm, NULL, 0) : 16384;
+  const char* rxm = getenv("FI_OFI_RXM_BUFFER_SIZE");
+  uint64_t tagged_max = tm ? strtoull(tm, NULL, 0) : rxm && strtoull(rxm, NULL, 10) ? strtoull(rxm, NULL, 10) : 16384;
+  if (!tm && tagged_max > 65536) tagged_max = 65536;
   int paths_ok = transport == FAB_PROF_TRANSPORT_SENDRECV
                      ? start->e.path == FAB_PROF_PATH_MESSAGE && stop->e.path == FAB_PROF_PATH_MESSAGE
                  : size <= tagged_max ? stop->e.path == FAB_PROF_PATH_MESSAGE

@@ -97,6 +97,31 @@ Test(discovery, link_speed_param) {
   api->finalize(ctx);
 }
 
+/* FABRIC_TAGGED_MAX's default follows rxm's eager size (FI_OFI_RXM_BUFFER_SIZE)
+ * where that is set, up to its maximum; a FABRIC_TAGGED_MAX of the user's wins. */
+static size_t tagged_max_with(const char* rxm, const char* own) {
+  ut_use_provider("shm");
+  if (rxm) setenv("FI_OFI_RXM_BUFFER_SIZE", rxm, 1);
+  if (own) setenv("FABRIC_TAGGED_MAX", own, 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  size_t v = fab_g.params.tagged_max;
+  api->finalize(ctx);
+  unsetenv("FI_OFI_RXM_BUFFER_SIZE");
+  unsetenv("FABRIC_TAGGED_MAX");
+  return v;
+}
+
+Test(discovery, tagged_max_follows_rxm) {
+  cr_assert_eq(tagged_max_with(NULL, NULL), 16384, "rxm's own default");
+  cr_assert_eq(tagged_max_with("65536", NULL), 65536);
+  cr_assert_eq(tagged_max_with("8192", NULL), 8192);
+  cr_assert_eq(tagged_max_with("1048576", NULL), 65536, "capped at FABRIC_TAGGED_MAX's maximum");
+  cr_assert_eq(tagged_max_with("65536", "4096"), 4096, "the user's FABRIC_TAGGED_MAX wins");
+  cr_assert_eq(tagged_max_with("64K", NULL), 16384, "libfabric reads a plain number: 64K leaves the default");
+  cr_assert_eq(tagged_max_with("0", NULL), 16384);
+}
+
 /* The tcp devices' names (one init), and how many there are. */
 static int tcp_devices(char names[][FAB_NAME_MAX], int cap) {
   setenv("FABRIC_PROVIDER", "tcp", 1);
