@@ -10,7 +10,9 @@ out=${1:-$top/build-package-check}
 pkg=libnccl-net-fabric
 fail() { echo "deb.sh: FAILED: $*" >&2; exit 1; }
 
-cmake -S "$top" -B "$out" -G Ninja -DCMAKE_INSTALL_PREFIX=/usr -DFABRIC_BUILD_TESTS=OFF >/dev/null
+contact="fabric package check <package-check@localhost>" # a distributor names itself (FABRIC_PACKAGE_CONTACT)
+cmake -S "$top" -B "$out" -G Ninja -DCMAKE_INSTALL_PREFIX=/usr -DFABRIC_BUILD_TESTS=OFF \
+  "-DFABRIC_PACKAGE_CONTACT=$contact" >/dev/null
 cmake --build "$out" >/dev/null
 rm -f "$out"/${pkg}_*.deb
 (cd "$out" && cpack -G DEB >/dev/null)
@@ -26,6 +28,8 @@ done
 depends=$(dpkg-deb -f "$deb" Depends)
 grep -q "libfabric1" <<<"$depends" || fail "Depends does not name libfabric1: $depends"
 echo "depends: $depends"
+maintainer=$(dpkg-deb -f "$deb" Maintainer)
+[ "$maintainer" = "$contact" ] || fail "Maintainer is '$maintainer', not the FABRIC_PACKAGE_CONTACT given ('$contact')"
 
 if dpkg-query -W -f='${Status}' $pkg 2>/dev/null | grep -q "install ok installed"; then
   fail "$pkg is already installed here; remove it first (dpkg -r $pkg) so this check leaves the machine as it was"
