@@ -263,6 +263,15 @@ static int loads(const char* name) {
   return dl != NULL;
 }
 
+/* NCCL_NET names the network NCCL must use: another name than ours, and NCCL
+ * never selects this plugin, however the library was found. */
+static void nccl_net_name(info_report* r) {
+  const char* want = getenv("NCCL_NET");
+  if (want && *want && strcasecmp(want, "Fabric") != 0)
+    snprintf(r->nccl[r->nnccl++], INFO_LINE, "NCCL_NET=%s: NCCL selects only a plugin of that name; this one is "
+             "named Fabric (NCCL_NET=Fabric, or unset it)", want);
+}
+
 /* The library NCCL (2.27 and later) would load for the net plugin, the way it
  * resolves NCCL_NET_PLUGIN: each comma-separated entry verbatim, then, with
  * no '/' and not of the form lib*.so, as libnccl-net-<entry>.so; unset:
@@ -271,10 +280,6 @@ static int loads(const char* name) {
  * libnccl-net-fabric.so. */
 static const char* nccl_plugin(info_report* r, char* buf, size_t len) {
   const char* fallback = "libnccl-net-fabric.so";
-  const char* want = getenv("NCCL_NET");
-  if (want && *want && strcasecmp(want, "Fabric") != 0)
-    snprintf(r->nccl[r->nnccl++], INFO_LINE, "NCCL_NET=%s: NCCL selects only a plugin of that name; this one is "
-             "named Fabric (NCCL_NET=Fabric, or unset it)", want);
   const char* list = getenv("NCCL_NET_PLUGIN");
   if (!list || !*list) {
     if (loads("libnccl-net.so")) return "libnccl-net.so";
@@ -348,6 +353,7 @@ int main(int argc, char** argv) {
   }
   if (optind < argc) return usage(argv[0], stderr, 2);
   static info_report r; /* large: off the stack */
+  nccl_net_name(&r);
   if (!plugin) plugin = nccl_plugin(&r, nccl_name, sizeof(nccl_name));
   int failed = info_probe(&r, plugin) != 0 || r.nnccl > 0; /* unknown FABRIC_ names are flagged, not failed */
   if (selftest && !r.load_error[0]) failed |= info_selftest(&r, plugin, bytes, timeout_ms) != 0;
