@@ -67,7 +67,7 @@ stage "build under AddressSanitizer + UBSan" \
 # through other generated shims, and the eager path is the core's cases again
 # with eager writes on; of the one-sided suite, the oldest and newest RMA
 # tables and the 2-rank runs (the 4-rank ones are the same code, longer);
-# of the NIC-profile cases, all but the whole core suites and the 64 MiB
+# of the NIC-profile cases and rxm's larger eager size, all but the whole core suites and the 64 MiB
 # staged puts: the rest run in the normal build above (this keeps CI within
 # its time budget). CMake's regular expressions take at most 9 groups: the
 # exclusions added last name tests whole, without groups.
@@ -76,7 +76,7 @@ asan_tests() {
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$top/build-asan" --output-on-failure -j "$jobs" --timeout 900 -L 'unit|abi|functional' \
     -LE engine-bug \
-    -E 'functional\.(tcp|shm)\.(sendrecv|rdma)\.v(7|8|9|10|11)$|functional\.(tcp|shm)\.sendrecv\.neuron[0-9]+$|functional\.(tcp|shm)\.rdma\.(neuron[45]|eager)$|functional\.rma\.(tcp|shm)\.(v1[45]\.n2|.*\.n4)$|functional\.shm\.rdma\.efa$|functional\.shm\.rdma\.shm-gpu$|functional\.tcp\.rdma\.cxi$|large_puts$|large_puts\.efa$'
+    -E 'functional\.(tcp|shm)\.(sendrecv|rdma)\.v(7|8|9|10|11)$|functional\.(tcp|shm)\.sendrecv\.neuron[0-9]+$|functional\.(tcp|shm)\.rdma\.(neuron[45]|eager)$|functional\.rma\.(tcp|shm)\.(v1[45]\.n2|.*\.n4)$|functional\.shm\.rdma\.efa$|functional\.shm\.rdma\.shm-gpu$|functional\.tcp\.rdma\.cxi$|functional\.tcp\.rdma\.rxm64$|large_puts$|large_puts\.efa$'
 }
 stage "test under AddressSanitizer + UBSan" asan_tests
 
