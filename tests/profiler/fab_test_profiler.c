@@ -7,7 +7,8 @@
  * last update that names the same operation as its start. Events of other net
  * plugins (NCCL's IB and socket transports) are counted, not read.
  *
- * Output: one line per stopped event and a summary per communicator at
+ * Output: one line per stopped event (at= its start, us since the epoch of
+ * CLOCK_MONOTONIC; us= how long it took) and a summary per communicator at
  * finalize, appended to the file FABRIC_TEST_PROFILER_LOG names (one write()
  * per line, so ranks may share the file), else to stderr. The summary:
  *   summary rank=R comm=ID started=N stopped=N open=N foreign=N unknown=N bad=N
@@ -186,10 +187,11 @@ static ncclResult_t prof_stop(void* eHandle) {
   }
   pthread_mutex_unlock(&c->lock);
   out_line(c, "event rank=%d op=%s tag=%d sub=%u/%u posted=%llu moved=%llu result=%d transport=%s path=%s->%s rail=%u "
-           "conn=%u updated=%d us=%.1f peer=%s",
+           "conn=%u updated=%d us=%.1f at=%.1f peer=%s",
            c->rank, op_name(s->op), s->tag, s->sub, s->nsubs, (unsigned long long)s->size,
            (unsigned long long)(ev->updated ? l->size : 0), ev->updated ? l->result : -1, transport_name(s->transport),
-           path_name(s->path), path_name(l->path), l->rail, s->conn_id, ev->updated, us, ev->peer);
+           path_name(s->path), path_name(l->path), l->rail, s->conn_id, ev->updated, us,
+           (double)ev->t0.tv_sec * 1e6 + (double)ev->t0.tv_nsec / 1e3, ev->peer);
   ev->magic = EVENT_FREED;
   free(ev);
   return ncclSuccess;
