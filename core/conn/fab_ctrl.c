@@ -25,10 +25,10 @@ void fab_conn_refuse(fab_endpoint* ep, const fab_wire_connect* req, uint16_t sta
   fab_wire_accept msg;
   fab_wire_tp tp = {.transport = ep->dev->ops->id}; /* tells a connector on another transport which */
   fab_wire_accept_encode(&msg, status, req->listen_id, req->connector_id, 0, &tp, rails ? rails : req->rails, 0);
+  char name[96]; /* before the send: one that fails releases the address */
+  fab_ep_peer_name(ep, to.peer, name, sizeof(name));
   int rc = fab_ep_ctl_send(ep, &to, &msg, sizeof(msg));
   if (rc != 0) {
-    char name[96];
-    fab_ep_peer_name(ep, to.peer, name, sizeof(name));
     FAB_WARN("%s: could not refuse a connect request from %s: %s; that connect waits out its "
              "FABRIC_CONNECT_TIMEOUT_MS", ep->dev->name, name, fi_strerror(-rc));
   }
