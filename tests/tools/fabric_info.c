@@ -65,7 +65,10 @@ static void print_text(const info_report* r, int failed) {
   printf("%s\n", r->nproviders ? "" : " none");
   printf("settings:%s\n", r->nenv ? "" : " none (defaults: the first provider that fits, transport auto)");
   for (int i = 0; i < r->nenv; i++)
-    printf("  %s%s\n", r->env[i], r->env_unknown[i] ? "   <- not a setting of this plugin (docs/params.md lists them)" : "");
+    if (r->env_ignored[i][0])
+      printf("  %s   <- ignored, it %s\n", r->env[i], r->env_ignored[i] + strlen(r->env[i]) + 1);
+    else
+      printf("  %s%s\n", r->env[i], r->env_unknown[i] ? "   <- not a setting of this plugin (docs/params.md lists them)" : "");
   for (int i = 0; i < r->nnccl; i++) printf("NCCL would not use this plugin: %s\n", r->nccl[i]);
   if (r->load_error[0]) {
     printf("plugin %s: cannot be loaded: %s\n", r->plugin, r->load_error);
@@ -212,6 +215,9 @@ static void print_json(const info_report* r, int failed) {
   printf("], \"unknownSettings\": [");
   for (int i = 0, k = 0; i < r->nenv; i++)
     if (r->env_unknown[i]) printf("%s", k++ ? ", " : ""), json_value(r->env[i]);
+  printf("], \"ignoredSettings\": [");
+  for (int i = 0, k = 0; i < r->nenv; i++)
+    if (r->env_ignored[i][0]) printf("%s", k++ ? ", " : ""), json_value(r->env_ignored[i]);
   printf("], \"ncclWouldNotUse\": [");
   for (int i = 0; i < r->nnccl; i++) printf("%s", i ? ", " : ""), json_value(r->nccl[i]);
   printf("], ");

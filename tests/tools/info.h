@@ -45,6 +45,7 @@ typedef struct {
   int nproviders;
   char env[INFO_MAX_ENV][INFO_LINE];
   int env_unknown[INFO_MAX_ENV];    /* 1: a FABRIC_ name this plugin does not read (a typo?) */
+  char env_ignored[INFO_MAX_ENV][INFO_LINE]; /* why the plugin ignores this FABRIC_ value ("" when it takes it) */
   int nenv, nunknown;
   char nccl[2][INFO_LINE];          /* why NCCL would not load or select this plugin ("" when it would) */
   int nnccl;

@@ -61,14 +61,40 @@ static int known_param(const char* assignment) {
   return 0;
 }
 
+/* The next message of the parameter loader's account after from: where
+ * "; FABRIC_NAME=" starts one (a message may hold "; " itself), or NULL. */
+static const char* next_message(const char* from) {
+  for (const char* at = from; (at = strstr(at, "; FABRIC_")) != NULL; at++)
+    if (strcspn(at + 2, "= ;") == strcspn(at + 2, "=")) return at;
+  return NULL;
+}
+
+/* What the parameter loader said of NAME=value (its account of every value it
+ * ignored: "NAME=value is ...; using D; NAME2=..."), or "" when it took it. */
+static void ignored_why(const char* assignment, const char* said, char* why, size_t len) {
+  why[0] = '\0';
+  size_t n = strlen(assignment);
+  for (const char* at = said; at && *at; at = next_message(at)) {
+    if (*at == ';') at += 2;
+    if (strncmp(at, assignment, n) != 0 || at[n] != ' ') continue;
+    const char* end = next_message(at);
+    snprintf(why, len, "%.*s", (int)(end ? (size_t)(end - at) : strlen(at)), at);
+    return;
+  }
+}
+
 /* The settings that steer the plugin's choices. */
 static void probe_env(info_report* r) {
+  struct fab_params params;
+  char said[2048] = "";
+  fab_params_load(&params, said, sizeof said); /* the plugin reads them the same way at init */
   static const char* prefixes[] = {"FABRIC_", "FI_PROVIDER", "FI_TCP_IFACE", "FI_HMEM", "NCCL_NET", "NCCL_DEBUG"};
   for (char** e = environ; e && *e && r->nenv < INFO_MAX_ENV; e++) {
     for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
       if (strncmp(*e, prefixes[i], strlen(prefixes[i])) == 0) {
         snprintf(r->env[r->nenv], INFO_LINE, "%s", *e);
         r->env_unknown[r->nenv] = i == 0 && !known_param(*e);
+        if (i == 0) ignored_why(*e, said, r->env_ignored[r->nenv], INFO_LINE);
         r->nunknown += r->env_unknown[r->nenv++];
         break;
       }
