@@ -42,7 +42,6 @@ static void pin_libfabric(void) {
  * messages raised with it, up to the parameter's maximum, unless
  * FABRIC_TAGGED_MAX itself is set. libfabric reads that variable as a plain
  * number; anything else leaves the default. */
-enum { TAGGED_MAX_LIMIT = 65536 }; /* FABRIC_TAGGED_MAX's maximum in core/params.toml */
 static void tagged_max_follows_rxm(fab_params* p) {
   const char* rxm = getenv("FI_OFI_RXM_BUFFER_SIZE");
   const char* own = getenv("FABRIC_TAGGED_MAX");
@@ -50,9 +49,9 @@ static void tagged_max_follows_rxm(fab_params* p) {
   char* end = NULL;
   unsigned long long v = strtoull(rxm, &end, 10);
   if (*end != '\0' || v == 0) return;
-  p->tagged_max = v > TAGGED_MAX_LIMIT ? TAGGED_MAX_LIMIT : (size_t)v;
+  p->tagged_max = v > FAB_PARAM_TAGGED_MAX_MAX ? FAB_PARAM_TAGGED_MAX_MAX : (size_t)v;
   FAB_INFO(FAB_SUBSYS_INIT, "FABRIC_TAGGED_MAX follows FI_OFI_RXM_BUFFER_SIZE=%s: %zu bytes%s", rxm, p->tagged_max,
-           v > TAGGED_MAX_LIMIT ? " (its maximum)" : "");
+           v > FAB_PARAM_TAGGED_MAX_MAX ? " (its maximum)" : "");
 }
 
 static fab_result engine_up(void) {
