@@ -110,7 +110,7 @@ def main(argv):
                               marker="o", ms=3, capsize=2, color=color, label=f"{label} ÷ {ref}")
         for ax in (bw_ax, ratio_ax):
             ax.set_xscale("log", base=2)
-            ticks = [s for s in sorted(set().union(*(c.keys() for c in combined.values())))][::2]
+            ticks = sorted(set().union(*(c.keys() for c in combined.values())))[::2]
             ax.set_xticks(ticks)
             ax.set_xticklabels([human(t) for t in ticks], rotation=45)
             ax.set_xlabel("message size (bytes)")

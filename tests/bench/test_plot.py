@@ -34,6 +34,13 @@ def png_size(path):
     return struct.unpack(">II", head[16:24])
 
 
+def assert_png(test, path, min_side):
+    """path is a PNG of at least min_side pixels each way, with something drawn in it."""
+    w, h = png_size(path)
+    test.assertGreaterEqual(min(w, h), min_side, f"{path}: {w}x{h}")
+    test.assertGreater(os.path.getsize(path), 10000, f"{path}: almost empty")
+
+
 class Plot(unittest.TestCase):
     def test_plots_the_fixture(self):
         try:
@@ -47,9 +54,7 @@ class Plot(unittest.TestCase):
             self.assertEqual(sorted(r.stdout.split()), sorted(want), "plot.py prints the files it wrote")
             self.assertEqual(sorted(os.listdir(out)), sorted(os.path.basename(p) for p in want))
             for path in want:
-                w, h = png_size(path)
-                self.assertGreaterEqual(min(w, h), 400, f"{path}: {w}x{h}")
-                self.assertGreater(os.path.getsize(path), 10000, f"{path}: almost empty")
+                assert_png(self, path, 400)
 
     def test_rejects_a_csv_that_is_not_netbench(self):
         with tempfile.TemporaryDirectory() as out:
@@ -79,9 +84,7 @@ class PlotNccl(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             want = os.path.join(out, "n-all_reduce.png")
             self.assertEqual(r.stdout.split(), [want])
-            w, h = png_size(want)
-            self.assertGreaterEqual(min(w, h), 300, f"{want}: {w}x{h}")
-            self.assertGreater(os.path.getsize(want), 10000, f"{want}: almost empty")
+            assert_png(self, want, 300)
 
     def test_refuses_a_run_with_wrong_elements(self):
         with tempfile.TemporaryDirectory() as out:
