@@ -84,8 +84,9 @@ known_tcp_sendrecv="close_then_free"
 # shm with the sendrecv transport: a stripe left unmatched by a rail failed from inside crashes shm's close;
 # rails_stripe_truncated's child segfaults in most runs; close_mid_transfer_bystanders and
 # closed_with_sends_bounded crash in shm's smr_discard when an endpoint holding a peer's unmatched messages
-# closes after that peer's region went (docs/known-bugs.md, open)
-known_shm_sendrecv="rails_fail_mid_split|rails_stripe_truncated|close_mid_transfer_bystanders|closed_with_sends_bounded"
+# closes after that peer's region went, and close_inflight's child crashes the same way under load (2 of 3 CI
+# runs on 2026-11-26, passing alone) (docs/known-bugs.md, open)
+known_shm_sendrecv="rails_fail_mid_split|rails_stripe_truncated|close_mid_transfer_bystanders|closed_with_sends_bounded|close_inflight"
 for case in "tcp rdma" "tcp sendrecv" "shm sendrecv" "shm rdma"; do
   set -- $case
   skip="connect_close_cycles"
