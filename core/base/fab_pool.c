@@ -1,5 +1,7 @@
 #include "fab_pool.h"
 
+#include "fab_reqhead.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +32,9 @@ static char* mapping_get(size_t bytes) {
   pthread_mutex_unlock(&spares_lock);
   if (base) return base;
   void* m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return m == MAP_FAILED ? NULL : m;
+  if (m == MAP_FAILED) return NULL;
+  fab_reqmem_mark(m, bytes, 1); /* a pool's objects are requests (fab_reqhead.h), until unmapped */
+  return m;
 }
 
 static void mapping_put(char* base, size_t bytes) {
@@ -41,6 +45,7 @@ static void mapping_put(char* base, size_t bytes) {
     spare_mapping* more = realloc(spares, cap * sizeof(*more));
     if (!more) {
       pthread_mutex_unlock(&spares_lock);
+      fab_reqmem_mark(base, bytes, 0);
       munmap(base, bytes); /* out of memory: give it back after all */
       return;
     }
@@ -53,7 +58,10 @@ static void mapping_put(char* base, size_t bytes) {
 
 void fab_pool_release_spares(void) {
   pthread_mutex_lock(&spares_lock);
-  for (size_t i = 0; i < nspares; i++) munmap(spares[i].base, spares[i].bytes);
+  for (size_t i = 0; i < nspares; i++) {
+    fab_reqmem_mark(spares[i].base, spares[i].bytes, 0);
+    munmap(spares[i].base, spares[i].bytes);
+  }
   free(spares);
   spares = NULL;
   nspares = spares_cap = 0;

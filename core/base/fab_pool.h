@@ -5,7 +5,8 @@
  * data functions of one comm from one thread at a time, and its own
  * transports keep their requests the same way), so get and put take no lock.
  * Objects keep their contents while free, so a freed request still reads as
- * "not active".
+ * "not active". A pool's pages are request memory (fab_reqhead.h) for as long
+ * as they are mapped: the pools hold the comms' requests.
  */
 #ifndef FAB_POOL_H
 #define FAB_POOL_H

@@ -178,9 +178,9 @@ void fab_comm_free(fab_comm* c) {
   uint32_t used = atomic_load(&c->reqs.used);
   for (uint32_t i = 0; i < used; i++) { /* never-used ones: do not fault their pages in */
     fab_req* r = fab_pool_at(&c->reqs, i);
-    if (r->magic != FAB_REQ_MAGIC) continue;
+    if (r->head.magic != FAB_REQ_MAGIC) continue;
     free(r->errmsg);
-    r->magic = 0;
+    r->head.magic = 0;
   }
   fab_pool_fini(&c->reqs);
   free(c->prof);

@@ -44,6 +44,7 @@
 #include "fab_objtab.h"
 #include "fab_params.h"
 #include "fab_pool.h"
+#include "fab_reqhead.h"
 #include "fab_util.h"
 #include "fab_wire.h"
 
@@ -252,12 +253,10 @@ struct fab_endpoint {
 /* --- comms and requests --------------------------------------------------- */
 
 #define FAB_COMM_MAGIC 0x4d4d4f43u /* "COMM" */
-#define FAB_REQ_MAGIC 0x51455246u  /* "FREQ" */
 
-/* ORPHAN: test reported it failed (its comm failed for good) while a libfabric
- * operation still references it; it stays out of the pool until the comm is
- * freed. */
-enum { FAB_REQ_FREE = 0, FAB_REQ_ACTIVE = 1, FAB_REQ_ORPHAN = 2 };
+/* A request's state is its header's (fab_reqhead.h): FAB_REQ_ORPHAN when test
+ * reported it failed (its comm failed for good) while a libfabric operation
+ * still references it; it stays out of the pool until the comm is freed. */
 enum { FAB_REQ_SEND = 1, FAB_REQ_RECV = 2 };
 /* state of one posted operation (a sub-receive, a handshake message) */
 enum { FAB_SUB_IDLE = 0, FAB_SUB_POSTED = 1, FAB_SUB_DONE = 2 };
@@ -267,8 +266,7 @@ enum { FAB_SUB_IDLE = 0, FAB_SUB_POSTED = 1, FAB_SUB_DONE = 2 };
  * (fab_req_tp), sized by the transport's req_size. The lifecycle (get, put,
  * test, failure, orphaning) is the core's (fab_req.c). */
 struct fab_req {
-  uint32_t magic;
-  uint8_t state; /* FAB_REQ_* */
+  fab_req_head head; /* magic, state (FAB_REQ_*), kind: fab_req_kind_net */
   uint8_t type;  /* FAB_REQ_SEND / RECV */
   uint8_t n;     /* buffers: the sizes test reports */
   uint8_t prof;  /* profiler events started for it (their handles: comm->prof_eh) */

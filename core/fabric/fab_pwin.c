@@ -10,7 +10,7 @@
 
 fab_pwin* fab_pwin_get(fab_comm* c) {
   if (!c->pwin) {
-    c->pwin = calloc(1, sizeof(fab_pwin));
+    c->pwin = fab_reqmem_alloc(sizeof(fab_pwin)); /* zeroed */
     if (c->pwin) c->pwin->next_id = 1;
   }
   return c->pwin;
@@ -20,7 +20,7 @@ void fab_pwin_free(fab_pwin* p) {
   if (!p) return;
   free(p->held);
   free(p->peer);
-  free(p);
+  fab_reqmem_free(p, sizeof(*p));
 }
 
 static int grow(void** v, size_t* cap, size_t n, size_t elem) {
@@ -176,31 +176,59 @@ const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va
   return NULL;
 }
 
-fab_result fab_osreq_test(fab_osreq* r, int* done, int* sizes) {
-  fab_comm* c = r->comm;
-  if (r->state != FAB_OSREQ_ACTIVE) {
-    FAB_WARN("test: %p is not an active request (already completed?)", (void*)r);
-    return FAB_ERR_INTERNAL;
-  }
-  if (c->closing) {
-    FAB_WARN("test: request %p belongs to a comm that was closed; a closed comm's requests cannot be tested",
-             (void*)r);
-    return FAB_ERR_INTERNAL;
-  }
-  if (atomic_load_explicit(&r->pending, memory_order_acquire)) {
-    fab_ep_poll(c->ep);
-    if (atomic_load_explicit(&r->pending, memory_order_acquire)) {
-      fab_comm_stalled(c);
-      if (c->error == FAB_OK) return FAB_OK;
-      FAB_WARN("test: %s of %zu bytes cannot complete: the connection to %s has failed: %s; close it",
-               r->is_read ? "iread" : "iwrite", r->size, c->peer_name, c->error_why);
-      return c->error; /* r stays in flight until the provider gives it back */
-    }
-  }
-  *done = 1;
-  if (sizes) sizes[0] = r->size > INT32_MAX ? INT32_MAX : (int)r->size;
-  fab_result rc = r->result;
-  if (rc != FAB_OK) FAB_WARN("test: %s", r->why);
-  r->state = FAB_OSREQ_FREE;
-  return rc;
+/* --- test: the steps of fab_req_run ------------------------------------------------- */
+
+static inline fab_osreq* osreq_of(fab_req_head* h) { return (fab_osreq*)h; }
+static const char* os_verb(const fab_osreq* r) { return r->is_read ? "iread" : "iwrite"; }
+
+static int os_busy(fab_req_head* h, int poll) {
+  fab_osreq* r = osreq_of(h);
+  if (!atomic_load_explicit(&r->pending, memory_order_acquire)) return 0;
+  if (poll) fab_ep_poll(r->comm->ep);
+  return atomic_load_explicit(&r->pending, memory_order_acquire) != 0;
 }
+
+static fab_result os_stalled(fab_req_head* h) {
+  fab_comm* c = osreq_of(h)->comm;
+  fab_comm_stalled(c);
+  return c->error;
+}
+
+/* Its connection failed: it stays in flight until the provider gives it back. */
+static int os_give_up(fab_req_head* h, fab_result rc) {
+  (void)rc;
+  return atomic_load_explicit(&osreq_of(h)->pending, memory_order_acquire) != 0;
+}
+
+static fab_result os_finish(fab_req_head* h, int* sizes) {
+  fab_osreq* r = osreq_of(h);
+  if (sizes) sizes[0] = r->size > INT32_MAX ? INT32_MAX : (int)r->size;
+  return r->result;
+}
+
+static int os_explain(fab_req_head* h, fab_result rc, char* buf, size_t len) {
+  (void)rc;
+  fab_osreq* r = osreq_of(h);
+  fab_comm* c = r->comm;
+  if (h->state == FAB_REQ_ORPHAN)
+    snprintf(buf, len, "test: %s of %zu bytes cannot complete: the connection to %s has failed: %s; close it",
+             os_verb(r), r->size, c->peer_name, c->error_why);
+  else
+    snprintf(buf, len, "test: %s", r->why);
+  return 1;
+}
+
+static void os_release(fab_req_head* h) { h->state = FAB_REQ_FREE; }
+
+static const fab_req_steps os_steps = {os_busy, os_stalled, os_give_up, os_finish, os_explain, os_release};
+
+static fab_result os_test(fab_req_head* h, int* done, int* sizes) {
+  if (osreq_of(h)->comm->closing) {
+    FAB_WARN("test: request %p belongs to a comm that was closed; a closed comm's requests cannot be tested",
+             (void*)h);
+    return FAB_ERR_INTERNAL;
+  }
+  return fab_req_run(h, done, sizes, &os_steps, 1);
+}
+
+const fab_req_kind fab_osreq_kind = {.name = "iwrite/iread", .api = FAB_REQ_API_NET, .test = os_test};

@@ -34,12 +34,9 @@ typedef struct fab_pwin_entry {
   fab_window win; /* as the peer's provider addresses it */
 } fab_pwin_entry;
 
-#define FAB_OSREQ_MAGIC 0x5153524fu /* "ORSQ" */
-enum { FAB_OSREQ_FREE = 0, FAB_OSREQ_ACTIVE = 1 };
-
+/* A Neuron iwrite or iread: a request of kind fab_osreq_kind (fab_reqhead.h). */
 typedef struct fab_osreq {
-  uint32_t magic;
-  uint8_t state;
+  fab_req_head head;
   uint8_t is_read;
   fab_comm* comm;
   _Atomic int pending; /* the posted operation has not completed */
@@ -67,8 +64,8 @@ typedef struct fab_pwin {
   fab_osreq reqs[FAB_OS_REQS];
 } fab_pwin;
 
-/* c's one-sided state, made on first use; NULL when out of memory. ep lock
- * held. */
+/* c's one-sided state, made on first use (in request memory: it holds the
+ * requests); NULL when out of memory. ep lock held. */
 fab_pwin* fab_pwin_get(fab_comm* c);
 /* Frees it (the comm is being freed: nothing of it is posted). */
 void fab_pwin_free(fab_pwin* p);
@@ -93,7 +90,7 @@ int fab_pwin_send(fab_comm* c, uint16_t op, uint64_t id, uint64_t va, uint64_t a
  * (FAB_KEY_*) saying what is known of the key. ep lock held. */
 const fab_pwin_entry* fab_pwin_find(const fab_pwin* p, uint64_t key, uint64_t va, uint64_t len, int* why);
 
-/* The API's test for a one-sided request (fab_test finds it by its magic). */
-fab_result fab_osreq_test(fab_osreq* r, int* done, int* sizes);
+/* The kind of one-sided requests: the API's test reaches them through it. */
+extern const fab_req_kind fab_osreq_kind;
 
 #endif /* FAB_PWIN_H */

@@ -12,8 +12,9 @@
 void fab_req_first_use(fab_comm* c, fab_req* r) {
   uint32_t idx = (uint32_t)(((char*)r - c->reqs.base) / c->reqs.stride);
   r->pool_index = idx;
-  r->magic = FAB_REQ_MAGIC;
-  r->state = FAB_REQ_FREE;
+  r->head.magic = FAB_REQ_MAGIC;
+  r->head.state = FAB_REQ_FREE;
+  r->head.kind = &fab_req_kind_net;
   r->comm = c;
   if (c->ops->init_req) c->ops->init_req(c, r);
   /* Published last (release): a close-time scan reads [0, used). The pool's
@@ -83,67 +84,83 @@ size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_er
   return got;
 }
 
-/* The comm failed with r still pending: report the failure now and leave r
- * to its outstanding completions: it stays out of the pool until the comm
- * is freed (the failure is final, the comm can only be closed). 1 when r
- * turned out to be complete after all. */
-static int orphan(fab_req* r) {
-  fab_comm* c = r->comm;
-  if (c->ops->give_up) c->ops->give_up(r);
-  if (atomic_load_explicit(&r->pending, memory_order_acquire) == 0) return 1;
-  r->state = FAB_REQ_ORPHAN;
-  return 0;
+/* --- test: the steps of fab_req_run -------------------------------------------------- */
+
+static inline fab_req* req_of(fab_req_head* h) { return (fab_req*)h; }
+
+static inline int req_busy(fab_req_head* h, int poll) {
+  fab_req* r = req_of(h);
+  if (atomic_load_explicit(&r->pending, memory_order_acquire) == 0) return 0;
+  if (poll) r->comm->ops->progress(r->comm, r);
+  return atomic_load_explicit(&r->pending, memory_order_acquire) > 0;
 }
 
-static fab_result still_pending(fab_req* r, int* done) {
-  fab_comm* c = r->comm;
+static fab_result req_stalled(fab_req_head* h) {
+  fab_comm* c = req_of(h)->comm;
   fab_comm_stalled(c);
-  fab_result rc = c->error != FAB_OK ? c->error : c->ep->failed;
-  if (FAB_LIKELY(rc == FAB_OK) || orphan(r)) {
-    *done = 0;
-    return FAB_OK;
-  }
-  *done = 1;
-  FAB_WARN("%s of %zu bytes (tag %d) %s %s failed: %s", dir_word(r), r->size, r->tag, peer_word(r), c->peer_name,
-           c->error != FAB_OK ? c->error_why : "the endpoint's completion queue failed");
+  return c->error != FAB_OK ? c->error : c->ep->failed;
+}
+
+/* The comm failed with r still pending: r is reported failed now and left to
+ * its outstanding completions (the failure is final, the comm can only be
+ * closed). */
+static int req_give_up(fab_req_head* h, fab_result rc) {
+  fab_req* r = req_of(h);
+  if (r->comm->ops->give_up) r->comm->ops->give_up(r);
+  if (atomic_load_explicit(&r->pending, memory_order_acquire) == 0) return 0; /* complete after all */
   if (FAB_UNLIKELY(r->prof)) {
     if (r->result == FAB_OK) r->result = rc;
     fab_prof_done(r);
   }
-  return rc;
+  return 1;
 }
 
-static inline __attribute__((always_inline)) fab_result req_test(fab_req* r, int* done, int* sizes, int poll) {
+static fab_result req_finish(fab_req_head* h, int* sizes) {
+  fab_req* r = req_of(h);
   fab_comm* c = r->comm;
-  if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
-    if (poll) c->ops->progress(c, r);
-    if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
-      fab_result rc = still_pending(r, done);
-      if (*done || rc != FAB_OK) return rc;
-      if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) return FAB_OK;
-    }
-  }
-  *done = 1;
   if (c->ops->settle) c->ops->settle(r);
   if (sizes) c->ops->sizes(r, sizes);
-  fab_result rc = r->result;
-  if (FAB_UNLIKELY(rc != FAB_OK)) {
-    if (r->errmsg) /* its operation's own account */
-      FAB_WARN("%s", r->errmsg);
-    else /* given up, nothing posted: the connection's failure is why */
-      FAB_WARN("%s of %zu bytes (tag %d) %s %s failed: %s", dir_word(r), r->size, r->tag, peer_word(r), c->peer_name,
-               c->error != FAB_OK ? c->error_why : "the transport gave it up");
-  }
+  return r->result;
+}
+
+static int req_explain(fab_req_head* h, fab_result rc, char* buf, size_t len) {
+  (void)rc;
+  fab_req* r = req_of(h);
+  fab_comm* c = r->comm;
+  if (h->state != FAB_REQ_ORPHAN && r->errmsg) /* its operation's own account */
+    snprintf(buf, len, "%s", r->errmsg);
+  else /* given up: the connection's failure is why */
+    snprintf(buf, len, "%s of %zu bytes (tag %d) %s %s failed: %s", dir_word(r), r->size, r->tag, peer_word(r),
+             c->peer_name, c->error != FAB_OK ? c->error_why
+                           : h->state == FAB_REQ_ORPHAN ? "the endpoint's completion queue failed"
+                                                        : "the transport gave it up");
+  return 1;
+}
+
+static inline void req_release(fab_req_head* h) {
+  fab_req* r = req_of(h);
   if (FAB_UNLIKELY(r->prof)) fab_prof_done(r);
   fab_req_put(r);
-  return rc;
 }
 
-fab_result fab_req_test(fab_req* r, int* done, int* sizes) { return req_test(r, done, sizes, 1); }
+static const fab_req_steps req_steps = {req_busy, req_stalled, req_give_up, req_finish, req_explain, req_release};
+
+fab_result fab_req_test(fab_req* r, int* done, int* sizes) { return fab_req_run(&r->head, done, sizes, &req_steps, 1); }
 
 fab_result fab_req_test_helped(fab_req* r, int* done, int* sizes) {
-  return req_test(r, done, sizes, !r->comm->helped);
+  return fab_req_run(&r->head, done, sizes, &req_steps, !r->comm->helped);
 }
+
+static fab_result req_api_test(fab_req_head* h, int* done, int* sizes) {
+  fab_req* r = req_of(h);
+  if (FAB_UNLIKELY(r->comm->closing)) {
+    FAB_WARN("test: request %p belongs to a comm that was closed; a closed comm's requests cannot be tested", (void*)r);
+    return FAB_ERR_INTERNAL;
+  }
+  return fab_req_run(h, done, sizes, &req_steps, 1);
+}
+
+const fab_req_kind fab_req_kind_net = {.name = "isend/irecv/iflush", .api = FAB_REQ_API_NET, .test = req_api_test};
 
 /* --- liveness ----------------------------------------------------------------- */
 
@@ -176,7 +193,7 @@ uint32_t fab_req_pending(fab_comm* c, uint32_t enough) {
   uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire), n = 0;
   for (uint32_t i = 0; i < used && n < enough; i++) {
     fab_req* r = fab_pool_at(&c->reqs, i);
-    if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
+    if (r->head.magic != FAB_REQ_MAGIC || r->head.state == FAB_REQ_FREE) continue;
     /* acquire: a completion's last write to r is its pending count */
     if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) n++;
   }

@@ -23,8 +23,8 @@ void fab_req_first_use(fab_comm* c, fab_req* r);
 static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npending) {
   fab_req* r = fab_pool_get(&c->reqs);
   if (FAB_UNLIKELY(!r)) return NULL;
-  if (FAB_UNLIKELY(r->magic != FAB_REQ_MAGIC)) fab_req_first_use(c, r);
-  r->state = FAB_REQ_ACTIVE;
+  if (FAB_UNLIKELY(r->head.magic != FAB_REQ_MAGIC)) fab_req_first_use(c, r);
+  r->head.state = FAB_REQ_ACTIVE;
   r->type = type;
   r->n = (uint8_t)n;
   r->prof = 0;
@@ -34,7 +34,7 @@ static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npendin
 }
 
 static inline void fab_req_put(fab_req* r) {
-  r->state = FAB_REQ_FREE;
+  r->head.state = FAB_REQ_FREE;
   if (FAB_UNLIKELY(r->errmsg != NULL)) {
     free(r->errmsg);
     r->errmsg = NULL;
@@ -58,6 +58,10 @@ static inline void fab_req_op_done(fab_req* r, int shared) {
  * tag: the result code and the message test will WARN. Returns the bytes
  * the provider reports as received (truncation). ep lock held. */
 size_t fab_req_op_failed(fab_req* r, size_t size, int tag, const struct fi_cq_err_entry* err);
+
+/* The kind of a comm's requests: the API's test reaches fab_req_test
+ * through it. */
+extern const fab_req_kind fab_req_kind_net;
 
 /* The API's test, for every transport. */
 fab_result fab_req_test(fab_req* r, int* done, int* sizes);

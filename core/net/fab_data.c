@@ -168,22 +168,10 @@ fab_result fab_iflush(void* recv_comm, int n, void** data, const int* sizes, voi
 fab_result fab_test(void* request, int* done, int* sizes) {
   if (FAB_UNLIKELY(!done)) return fab_bad_argument("test", "done", 0, "a non-NULL pointer");
   *done = 0;
-  /* Both kinds of request start with their magic; read it before taking the
-   * pointer as either type (they differ in alignment). */
-  uint32_t magic = 0;
-  if (FAB_LIKELY((uintptr_t)request >= 4096 && !((uintptr_t)request & 7))) memcpy(&magic, request, sizeof(magic));
-  if (FAB_UNLIKELY(magic == FAB_OSREQ_MAGIC))
-    return fab_osreq_test(request, done, sizes); /* iwrite / iread (fab_p2p_rma.c, fab_pwin.c) */
-  fab_req* r = request;
-  if (FAB_UNLIKELY(magic != FAB_REQ_MAGIC || r->state != FAB_REQ_ACTIVE)) {
-    if (magic == FAB_RREQ_MAGIC) return fab_rails_test(request, done, sizes); /* several rails */
-    if (magic == FAB_SREQ_MAGIC) return fab_stripe_send_test(request, done, sizes); /* a send split over them */
-    FAB_WARN("test: %p is not an active request (NULL, already completed, or not from isend/irecv)", request);
-    return FAB_ERR_INTERNAL;
-  }
-  if (FAB_UNLIKELY(r->comm->closing)) {
-    FAB_WARN("test: request %p belongs to a comm that was closed; a closed comm's requests cannot be tested", request);
-    return FAB_ERR_INTERNAL;
-  }
-  return fab_req_test(r, done, sizes);
+  /* Every kind (a comm's send or receive, a Neuron iwrite or iread, a
+   * grouped receive or a split send over several rails) starts with the
+   * request header; the pointer is checked before anything is read. */
+  fab_req_head* h = fab_req_head_check(request, FAB_REQ_API_NET, "test");
+  if (FAB_UNLIKELY(!h)) return FAB_ERR_INTERNAL;
+  return h->kind->test(h, done, sizes);
 }

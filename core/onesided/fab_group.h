@@ -283,11 +283,10 @@ typedef struct fab_group_ctx {
   fab_list node; /* group->ctxs */
 } fab_group_ctx;
 
-enum { FAB_GROUP_REQ_FREE = 0, FAB_GROUP_REQ_ACTIVE = 1, FAB_GROUP_REQ_ABANDONED = 2 }; /* abandoned: failed, kept out of the pool until close */
-
+/* A put, get, signal or flush: a request of kind fab_group_req_kind
+ * (fab_reqhead.h); FAB_REQ_ORPHAN: failed, kept out of the pool until close. */
 typedef struct fab_group_req {
-  uint32_t magic;
-  uint8_t state;
+  fab_req_head head;
   uint8_t flush;        /* a flush: done once the peer's ops_done reaches flush_target */
   fab_group* group;
   fab_group_peer* peer;

@@ -11,14 +11,14 @@
 #include "fab_req.h"
 #include "fab_transport.h"
 
-enum { REQ_MAGIC = 0x52524551 };
-
+/* Requests in request memory (fab_reqhead.h), FAB_GROUP_REQ_CHUNK at a time. */
 typedef struct req_chunk {
   fab_list node;
   fab_group_req reqs[FAB_GROUP_REQ_CHUNK];
 } req_chunk;
 
 static void op_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
+static const fab_req_kind group_req_kind;
 
 /* --- progress ----------------------------------------------------------------------- */
 
@@ -92,11 +92,12 @@ fab_result fab_group_progress(fab_group* g) {
 
 static fab_group_req* req_get(fab_group* g, fab_group_peer* p, int nops) {
   if (fab_list_empty(&g->free_reqs)) {
-    req_chunk* ch = calloc(1, sizeof(*ch));
+    req_chunk* ch = fab_reqmem_alloc(sizeof(*ch)); /* zeroed */
     if (!ch) return NULL;
     fab_list_push(&g->chunks, &ch->node);
     for (int i = 0; i < FAB_GROUP_REQ_CHUNK; i++) {
-      ch->reqs[i].magic = REQ_MAGIC;
+      ch->reqs[i].head.magic = FAB_REQ_MAGIC;
+      ch->reqs[i].head.kind = &group_req_kind;
       ch->reqs[i].group = g;
       fab_op_init(&ch->reqs[i].ops[0], op_done, &ch->reqs[i], 0);
       fab_op_init(&ch->reqs[i].ops[1], op_done, &ch->reqs[i], 1);
@@ -106,7 +107,7 @@ static fab_group_req* req_get(fab_group* g, fab_group_peer* p, int nops) {
   fab_list* n = fab_list_pop(&g->free_reqs);
   if (!n) return NULL;
   fab_group_req* r = FAB_CONTAINER_OF(n, fab_group_req, node);
-  r->state = FAB_GROUP_REQ_ACTIVE;
+  r->head.state = FAB_REQ_ACTIVE;
   r->flush = 0;
   r->st_get = 0;
   r->peer = p;
@@ -118,7 +119,7 @@ static fab_group_req* req_get(fab_group* g, fab_group_peer* p, int nops) {
 }
 
 static void req_put(fab_group_req* r) {
-  r->state = FAB_GROUP_REQ_FREE;
+  r->head.state = FAB_REQ_FREE;
   fab_list_push(&r->group->free_reqs, &r->node);
 }
 
@@ -128,7 +129,7 @@ int fab_group_busy(fab_group* g) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &g->chunks) {
     req_chunk* ch = FAB_CONTAINER_OF(it, req_chunk, node);
     for (int i = 0; i < FAB_GROUP_REQ_CHUNK; i++)
-      if (ch->reqs[i].state != FAB_GROUP_REQ_FREE && atomic_load(&ch->reqs[i].pending) > 0) return 1;
+      if (ch->reqs[i].head.state != FAB_REQ_FREE && atomic_load(&ch->reqs[i].pending) > 0) return 1;
   }
   return 0;
 }
@@ -136,7 +137,7 @@ int fab_group_busy(fab_group* g) {
 void fab_group_reqs_free(fab_group* g) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &g->chunks) {
     fab_list_del(it);
-    free(FAB_CONTAINER_OF(it, req_chunk, node));
+    fab_reqmem_free(FAB_CONTAINER_OF(it, req_chunk, node), sizeof(req_chunk));
   }
 }
 
@@ -722,50 +723,88 @@ fab_result fab_rma_iflush(void* rma_ctx, int context, void* mhandle, uint32_t ra
 
 /* --- test ------------------------------------------------------------------------------ */
 
+/* --- test: the steps of fab_req_run --------------------------------------------------- */
+
+static inline fab_group_req* greq_of(fab_req_head* h) { return (fab_group_req*)h; }
+
 static int complete(fab_group_req* r) {
   if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) return 0;
   return !r->flush || atomic_load_explicit(&r->peer->ops_done, memory_order_acquire) >= r->flush_target;
 }
 
-/* A request that can no longer complete: it stays out of the pool (the
- * provider may still complete its operations) until the group closes. */
-static fab_result abandon(fab_group_req* r, fab_result rc, const char* why) {
-  FAB_WARN("test: an RMA request to rank %d failed: %s", r->peer ? r->peer->rank : -1, why);
-  atomic_store(&r->group->op_failed, 1);
-  r->state = FAB_GROUP_REQ_ABANDONED;
-  return rc;
+static int greq_busy(fab_req_head* h, int poll) {
+  fab_group_req* r = greq_of(h);
+  if (complete(r)) return 0;
+  if (poll) fab_group_progress(r->group);
+  return !complete(r);
 }
+
+/* liveness: a dead peer fails the connection, and the request with it */
+static fab_result greq_stalled(fab_req_head* h) {
+  fab_group_req* r = greq_of(h);
+  fab_comm* sc = r->peer ? r->peer->sc : NULL;
+  if (sc) {
+    fab_comm_stalled(sc);
+    if (sc->error != FAB_OK) return sc->error;
+  }
+  return (fab_result)atomic_load(&r->group->failed);
+}
+
+/* It can no longer complete: it stays out of the pool (the provider may
+ * still complete its operations) until the group closes. */
+static int greq_give_up(fab_req_head* h, fab_result rc) {
+  (void)rc;
+  atomic_store(&greq_of(h)->group->op_failed, 1); /* queryLastError says so from now on */
+  return 1;
+}
+
+static fab_result greq_finish(fab_req_head* h, int* sizes) {
+  (void)sizes;
+  fab_group_req* r = greq_of(h);
+  if (!atomic_load(&r->failed)) return FAB_OK;
+  atomic_store(&r->group->op_failed, 1);
+  return r->result;
+}
+
+static int greq_explain(fab_req_head* h, fab_result rc, char* buf, size_t len) {
+  (void)rc;
+  fab_group_req* r = greq_of(h);
+  fab_comm* sc = r->peer ? r->peer->sc : NULL;
+  if (h->state != FAB_REQ_ORPHAN)
+    snprintf(buf, len, "test: %s", r->why);
+  else
+    snprintf(buf, len, "test: an RMA request to rank %d failed: %s", r->peer ? r->peer->rank : -1,
+             sc && sc->error != FAB_OK ? sc->error_why : r->group->why);
+  return 1;
+}
+
+static void greq_release(fab_req_head* h) {
+  fab_group_req* r = greq_of(h);
+  pthread_mutex_lock(&r->group->lock);
+  req_put(r);
+  pthread_mutex_unlock(&r->group->lock);
+}
+
+static const fab_req_steps greq_steps = {greq_busy, greq_stalled, greq_give_up, greq_finish, greq_explain,
+                                         greq_release};
+
+static fab_result greq_test(fab_req_head* h, int* done, int* sizes) {
+  return fab_req_run(h, done, sizes, &greq_steps, 1);
+}
+
+static const fab_req_kind group_req_kind = {.name = "iput/iget/iflush (RMA)", .api = FAB_REQ_API_RMA,
+                                            .test = greq_test};
 
 fab_result fab_rma_test(void* group, void* request, int* done) {
   if (!done) return fab_bad_argument("test", "done", 0, "a non-NULL pointer");
   *done = 0;
   fab_group* g = fab_group_get(group, "test");
   if (!g) return FAB_ERR_INTERNAL;
-  fab_group_req* r = request;
-  if (!r || r->magic != REQ_MAGIC || r->group != g || r->state != FAB_GROUP_REQ_ACTIVE) {
-    FAB_WARN("test: %p is not a live request of this RMA comm (already completed, or never returned by it)", request);
+  fab_req_head* h = fab_req_head_check(request, FAB_REQ_API_RMA, "test");
+  if (!h) return FAB_ERR_INTERNAL;
+  if (greq_of(h)->group != g) {
+    FAB_WARN("test: %p is a request of another RMA comm; test it with the comm that returned it", request);
     return FAB_ERR_INTERNAL;
   }
-  if (!complete(r)) {
-    fab_group_progress(g);
-    if (!complete(r)) {
-      if (r->peer && r->peer->sc) {
-        fab_comm_stalled(r->peer->sc); /* liveness: a dead peer fails the connection */
-        if (r->peer->sc->error != FAB_OK) return abandon(r, r->peer->sc->error, r->peer->sc->error_why);
-      }
-      int failed = atomic_load(&g->failed);
-      return failed ? abandon(r, (fab_result)failed, g->why) : FAB_OK;
-    }
-  }
-  *done = 1;
-  fab_result rc = FAB_OK;
-  if (atomic_load(&r->failed)) {
-    FAB_WARN("test: %s", r->why);
-    atomic_store(&g->op_failed, 1); /* queryLastError says so from now on */
-    rc = r->result;
-  }
-  pthread_mutex_lock(&g->lock);
-  req_put(r);
-  pthread_mutex_unlock(&g->lock);
-  return rc;
+  return h->kind->test(h, done, NULL);
 }

@@ -202,9 +202,10 @@ static void os_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entr
 static fab_osreq* osreq_get(fab_pwin* p, fab_comm* c) {
   for (int i = 0; i < FAB_OS_REQS; i++) {
     fab_osreq* r = &p->reqs[i];
-    if (r->state != FAB_OSREQ_FREE) continue;
-    r->magic = FAB_OSREQ_MAGIC;
-    r->state = FAB_OSREQ_ACTIVE;
+    if (r->head.state != FAB_REQ_FREE) continue;
+    r->head.magic = FAB_REQ_MAGIC;
+    r->head.kind = &fab_osreq_kind;
+    r->head.state = FAB_REQ_ACTIVE;
     r->comm = c;
     r->result = FAB_OK;
     r->why[0] = 0;
@@ -294,7 +295,7 @@ static fab_result os_start(fab_comm* c, int kind, void* local, size_t size, void
       atomic_store_explicit(&r->pending, 0, memory_order_relaxed);
       atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
       p->ops_inflight--;
-      r->state = FAB_OSREQ_FREE;
+      r->head.state = FAB_REQ_FREE;
       if (prc == -FI_EAGAIN) fab_ep_progress_locked(ep);
     }
   } else {

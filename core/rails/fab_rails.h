@@ -30,17 +30,12 @@
 
 #include "fab_core.h"
 
-#define FAB_RREQ_MAGIC 0x51455252u /* "RREQ": a parent request over several rails */
-#define FAB_SREQ_MAGIC 0x51455253u /* "SREQ": a send split over several rails (fab_rails_stripe.c) */
-
 /* fab_data.c's data calls on a comm or memory handle of several rails. */
 fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void* phandle,
                            void** request);
 fab_result fab_rails_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags,
                            void** mhandles, void** phandles, void** request);
 fab_result fab_rails_iflush(void* recv_comm, int n, void** data, const int* sizes, void** mhandles, void** request);
-fab_result fab_rails_test(void* request, int* done, int* sizes);
-fab_result fab_stripe_send_test(void* request, int* done, int* sizes);
 fab_result fab_rails_reg_mr(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle,
                             const char* fn);
 fab_result fab_rails_dereg_mr(void* mhandle);
@@ -99,7 +94,8 @@ typedef struct fab_stripe_part {
 
 /* A send split over the rails: part 0 is the message on its own rail. */
 typedef struct fab_stripe_send {
-  uint32_t magic; /* FAB_SREQ_MAGIC while handed out */
+  fab_req_head head; /* a request of its own kind (fab_reqhead.h) */
+  fab_result result; /* what its parts' tests found */
   struct fab_rails_comm* rc;
   int m, slot; /* slot: its notice's buffer */
   uint64_t size;
@@ -166,7 +162,8 @@ typedef struct fab_rails_child {
 } fab_rails_child;
 
 typedef struct fab_rails_parent {
-  uint32_t magic; /* FAB_RREQ_MAGIC while handed out */
+  fab_req_head head; /* a request of its own kind (fab_reqhead.h) */
+  fab_result result; /* what its children's tests found */
   int n, nchild;
   fab_rails_comm* rc;
   fab_rails_child child[FAB_MAX_RAILS];

@@ -78,11 +78,13 @@ fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, vo
   return FAB_OK;
 }
 
+static const fab_req_kind parent_kind;
+
 /* --- grouped receives -------------------------------------------------------------- */
 
 static fab_rails_parent* parent_get(fab_rails_comm* rc) {
   if (!rc->parents) {
-    rc->parents = calloc(FAB_RAILS_PARENTS, sizeof(*rc->parents));
+    rc->parents = fab_reqmem_alloc(FAB_RAILS_PARENTS * sizeof(*rc->parents)); /* zeroed */
     if (!rc->parents) return NULL;
     for (int i = FAB_RAILS_PARENTS - 1; i >= 0; i--) {
       rc->parents[i].next = rc->free_list;
@@ -99,7 +101,7 @@ static fab_rails_parent* parent_get(fab_rails_comm* rc) {
 
 static void parent_put(fab_rails_parent* p) {
   fab_rails_comm* rc = p->rc;
-  p->magic = 0;
+  p->head.state = FAB_REQ_FREE;
   p->next = rc->free_list;
   rc->free_list = p;
 }
@@ -270,7 +272,7 @@ static fab_result recv_on_rails(fab_rails_comm* rc, const int* rail, const uint3
     return res; /* FAB_OK: no stripe state free, NCCL retries */
   }
   split(p, rail);
-  p->magic = FAB_RREQ_MAGIC;
+  p->head = (fab_req_head){.magic = FAB_REQ_MAGIC, .state = FAB_REQ_ACTIVE, .kind = &parent_kind};
   if (rc->unposted_tail) rc->unposted_tail->next = p;
   else rc->unposted_head = p;
   rc->unposted_tail = p;
@@ -333,11 +335,11 @@ static int waits_for_notice(const fab_rails_parent* p) {
   return 0;
 }
 
-/* Tests p's posted children; a failed one fails p (its WARN names the rail),
- * and p goes back: the other rails' receives stay with their comms, which
- * the runtime closes after a failure. */
-fab_result fab_rails_test(void* request, int* done, int* sizes) {
-  fab_rails_parent* p = request;
+/* Tests p's posted children: 1 while some are left. A failed one fails p
+ * (p->result; its own WARN names the rail). */
+static int parent_busy(fab_req_head* h, int poll) {
+  (void)poll; /* the children's tests drive their rails */
+  fab_rails_parent* p = (fab_rails_parent*)h;
   fab_rails_comm* rc = p->rc;
   fab_result res = post_unposted(rc);
   if (res == FAB_OK && waits_for_notice(p)) res = fab_stripe_pump(rc);
@@ -359,12 +361,43 @@ fab_result fab_rails_test(void* request, int* done, int* sizes) {
   }
   for (int i = 0; i < p->n && res == FAB_OK && p->nstriped; i++)
     if (p->st[i] && striped_test(p, i, &res) == 1) left++;
-  if (res == FAB_OK && left) return FAB_OK;
-  *done = 1;
-  if (res == FAB_OK && sizes) memcpy(sizes, p->sizes, (size_t)p->n * sizeof(int));
-  if (p->nposted == p->nchild) parent_release(p); /* else it stays queued: its rails still get their receives */
-  return res;
+  p->result = res;
+  return res == FAB_OK && left;
 }
+
+/* Liveness and giving up are its children's. */
+static fab_result parent_stalled(fab_req_head* h) { (void)h; return FAB_OK; }
+static int parent_give_up(fab_req_head* h, fab_result rc) { (void)h, (void)rc; return 0; }
+static int parent_explain(fab_req_head* h, fab_result rc, char* buf, size_t len) {
+  (void)h, (void)rc, (void)buf, (void)len;
+  return 0; /* the failed child, or the rail, said why */
+}
+
+static fab_result parent_finish(fab_req_head* h, int* sizes) {
+  fab_rails_parent* p = (fab_rails_parent*)h;
+  if (p->result == FAB_OK && sizes) memcpy(sizes, p->sizes, (size_t)p->n * sizeof(int));
+  return p->result;
+}
+
+/* p goes back; after a failure, one with children not posted yet stays
+ * queued (its rails still get their receives) until the comm closes. */
+static void parent_done(fab_req_head* h) {
+  fab_rails_parent* p = (fab_rails_parent*)h;
+  if (p->nposted == p->nchild)
+    parent_release(p);
+  else
+    h->state = FAB_REQ_ORPHAN;
+}
+
+static const fab_req_steps parent_steps = {parent_busy, parent_stalled, parent_give_up, parent_finish, parent_explain,
+                                           parent_done};
+
+static fab_result parent_test(fab_req_head* h, int* done, int* sizes) {
+  return fab_req_run(h, done, sizes, &parent_steps, 1);
+}
+
+static const fab_req_kind parent_kind = {.name = "irecv over several rails", .api = FAB_REQ_API_NET,
+                                         .test = parent_test};
 
 /* --- registration ------------------------------------------------------------------- */
 
@@ -415,7 +448,7 @@ fab_result fab_rails_dereg_mr(void* mhandle) {
 
 void fab_rails_data_free(fab_rails_comm* rc) {
   fab_stripe_free(rc);
-  free(rc->parents);
+  fab_reqmem_free(rc->parents, FAB_RAILS_PARENTS * sizeof(*rc->parents));
   rc->parents = NULL;
   fab_tagmap_free(&rc->tags);
 }

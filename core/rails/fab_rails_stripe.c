@@ -67,7 +67,7 @@ static fab_result protocol_error(fab_comm* c, const char* what) {
 /* --- the comm's stripe state ------------------------------------------------------ */
 
 static fab_result stripes_make(fab_rails_comm* rc) {
-  fab_stripes* st = calloc(1, sizeof(*st));
+  fab_stripes* st = fab_reqmem_alloc(sizeof(*st)); /* zeroed; it holds the split sends */
   if (!st) {
     FAB_WARN("%s: out of memory for stripe state", rc->kind == FAB_OBJ_RAILS_SEND ? "isend" : "irecv");
     return FAB_ERR_SYSTEM;
@@ -87,7 +87,7 @@ static fab_result stripes_make(fab_rails_comm* rc) {
     fab_result res = fab_mr_register(rc->c[k], st, sizeof(*st), FAB_PTR_HOST, 0, -1, &st->mh[k], "stripes");
     if (res != FAB_OK) {
       for (int j = 0; j < k; j++) fab_mr_deregister(st->mh[j]);
-      free(st);
+      fab_reqmem_free(st, sizeof(*st));
       return res;
     }
   }
@@ -100,7 +100,7 @@ void fab_stripe_free(fab_rails_comm* rc) {
   if (!st) return;
   for (int k = 0; k < rc->n; k++)
     if (st->mh[k]) fab_mr_deregister(st->mh[k]);
-  free(st);
+  fab_reqmem_free(st, sizeof(*st));
   rc->stripes = NULL;
 }
 
@@ -135,6 +135,8 @@ static int test_one(void** req, uint8_t* done, int* size, fab_result* res) {
   if (size) *size = got;
   return 0;
 }
+
+static const fab_req_kind stripe_send_kind;
 
 /* --- send --------------------------------------------------------------------------- */
 
@@ -189,7 +191,7 @@ fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag
   if (r <= 0) return res; /* not now: nothing went */
   st->send_free = sp->next;
   st->next_seq = (uint16_t)((st->next_seq + 1) % FAB_STRIPE_SEQS);
-  sp->magic = FAB_SREQ_MAGIC;
+  sp->head = (fab_req_head){.magic = FAB_REQ_MAGIC, .state = FAB_REQ_ACTIVE, .kind = &stripe_send_kind};
   sp->rc = rc;
   sp->m = m;
   sp->size = size;
@@ -219,13 +221,16 @@ fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag
 
 static void send_put(fab_stripe_send* sp) {
   fab_stripes* st = sp->rc->stripes;
-  sp->magic = 0;
+  sp->head.state = FAB_REQ_FREE;
   sp->next = st->send_free;
   st->send_free = sp;
 }
 
-fab_result fab_stripe_send_test(void* request, int* done, int* sizes) {
-  fab_stripe_send* sp = request;
+/* Tests sp's posted parts and its notice: 1 while some are left. A failed
+ * one fails sp (sp->result; its own WARN names the rail). */
+static int send_busy(fab_req_head* h, int poll) {
+  (void)poll; /* the parts' tests drive their rails */
+  fab_stripe_send* sp = (fab_stripe_send*)h;
   fab_result res = send_post_rest(sp);
   int left = 0;
   for (int j = 0; j < sp->m && res == FAB_OK; j++) {
@@ -236,12 +241,35 @@ fab_result fab_stripe_send_test(void* request, int* done, int* sizes) {
   if (res == FAB_OK && !sp->notice_done && (!sp->notice_posted || test_one(&sp->notice_req, &sp->notice_done, NULL,
                                                                            &res) == 1))
     left++;
-  if (res == FAB_OK && left) return FAB_OK;
-  *done = 1;
-  if (res == FAB_OK && sizes) sizes[0] = (int)sp->size;
-  send_put(sp); /* after a failure, parts still posted stay with their rails' comms, which fail too */
-  return res;
+  sp->result = res;
+  return res == FAB_OK && left;
 }
+
+/* Liveness and giving up are its parts'. */
+static fab_result send_stalled(fab_req_head* h) { (void)h; return FAB_OK; }
+static int send_give_up(fab_req_head* h, fab_result rc) { (void)h, (void)rc; return 0; }
+static int send_explain(fab_req_head* h, fab_result rc, char* buf, size_t len) {
+  (void)h, (void)rc, (void)buf, (void)len;
+  return 0; /* the failed part, or the rail, said why */
+}
+
+static fab_result send_finish(fab_req_head* h, int* sizes) {
+  fab_stripe_send* sp = (fab_stripe_send*)h;
+  if (sp->result == FAB_OK && sizes) sizes[0] = (int)sp->size;
+  return sp->result;
+}
+
+/* after a failure, parts still posted stay with their rails' comms, which fail too */
+static void send_done(fab_req_head* h) { send_put((fab_stripe_send*)h); }
+
+static const fab_req_steps send_steps = {send_busy, send_stalled, send_give_up, send_finish, send_explain, send_done};
+
+static fab_result send_test(fab_req_head* h, int* done, int* sizes) {
+  return fab_req_run(h, done, sizes, &send_steps, 1);
+}
+
+static const fab_req_kind stripe_send_kind = {.name = "isend split over several rails", .api = FAB_REQ_API_NET,
+                                              .test = send_test};
 
 /* --- receive ---------------------------------------------------------------------- */
 

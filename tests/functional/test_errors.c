@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "ft_criterion.h"
 
@@ -321,6 +322,20 @@ FT_PAIR_TEST(bad_arguments, 60) {
 
   ft_phase("bad arguments: test");
   FT_EXPECT_ERROR(a->test(NULL, &done, sizes));
+  {
+    /* Pointers that were never requests are refused without being read: a
+     * forged header (the right magic, "active", a wild kind and comm), an
+     * unmapped page, an address beyond user space, a comm handle. */
+    uint64_t forged[8] = {0x0000000151455246ull, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10};
+    FT_EXPECT_ERROR(a->test(forged, &done, sizes));
+    long page = sysconf(_SC_PAGESIZE);
+    void* gone = mmap(NULL, (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    FT_CHECK(gone != MAP_FAILED, "mmap");
+    munmap(gone, (size_t)page);
+    FT_EXPECT_ERROR(a->test(gone, &done, sizes));
+    FT_EXPECT_ERROR(a->test((void*)(uintptr_t)0xdead0000beef0000ull, &done, sizes));
+    FT_EXPECT_ERROR(a->test(c.send_comm, &done, sizes));
+  }
 
   /* After all that, the comms still carry data; test() with done == NULL is
    * rejected on a live request, which then completes normally. */
@@ -330,6 +345,8 @@ FT_PAIR_TEST(bad_arguments, 60) {
   void* rreq = ft_irecv(&s, c.recv_comm, 1, &d, &len, &tag, &rm.mh, T_MS);
   void* sreq = ft_isend(&s, c.send_comm, sm.buf, 64, tag, sm.mh, T_MS);
   FT_EXPECT_ERROR(a->test(rreq, NULL, sizes));
+  FT_EXPECT_ERROR(a->test((char*)rreq + 4, &done, sizes)); /* misaligned */
+  FT_EXPECT_ERROR(a->test((char*)rreq + 8, &done, sizes)); /* inside a live request */
   void* reqs[2] = {rreq, sreq};
   int sz[2][FAB_MAX_RECVS];
   ft_wait_all(&s, reqs, 2, &sz[0][0], FAB_MAX_RECVS, T_MS, "traffic after bad arguments");

@@ -457,6 +457,9 @@ static void errors(rr_ctx* c, grp* g) {
                "an unknown signal operation");
     int done = 0;
     EXPECT_ERR(c->api.test(g->coll, (void*)&done, &done), "testing something that is not a request");
+    uint64_t forged[8] = {0x0000000151455246ull, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10};
+    EXPECT_ERR(c->api.test(g->coll, forged, &done), "testing a forged request header (never read)");
+    EXPECT_ERR(c->api.test(g->coll, (void*)(uintptr_t)0xdead0000beef0000ull, &done), "testing a wild pointer");
     EXPECT_ERR(c->api.iput(g->listen_gone, 0, 0, g->src_mh, 16, 0, g->data_mh, d, 0, &req),
                "a closed listen comm passed as a context");
     EXPECT_ERR(c->api.dereg_mr_sym(g->coll, tmp_mh), "deregistering twice");

@@ -418,7 +418,7 @@ static fab_req* next_in_use(fab_comm* c, uint32_t* i) {
   uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
   while (*i < used) {
     fab_req* r = fab_pool_at(&c->reqs, (*i)++);
-    if (r->magic == FAB_REQ_MAGIC && r->state != FAB_REQ_FREE) return r;
+    if (r->head.magic == FAB_REQ_MAGIC && r->head.state != FAB_REQ_FREE) return r;
   }
   return NULL;
 }
@@ -445,7 +445,7 @@ void rd_recv_landed(fab_comm* c, unsigned type, uint32_t slot, uint32_t size) {
   uint32_t idx = slot >> 3, k = slot & 7;
   uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
   fab_req* r = idx < used ? fab_pool_at(&c->reqs, idx) : NULL;
-  if (!r || r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE || k >= r->n) {
+  if (!r || r->head.magic != FAB_REQ_MAGIC || r->head.state == FAB_REQ_FREE || k >= r->n) {
     rd_protocol_error(c, "a write names a receive that is not posted");
     return;
   }

@@ -337,7 +337,7 @@ static void sr_cancel(fab_comm* c) {
   uint32_t used = atomic_load_explicit(&c->reqs.used, memory_order_acquire);
   for (uint32_t i = 0; i < used; i++) {
     fab_req* r = fab_pool_at(&c->reqs, i);
-    if (r->magic != FAB_REQ_MAGIC || r->state == FAB_REQ_FREE) continue;
+    if (r->head.magic != FAB_REQ_MAGIC || r->head.state == FAB_REQ_FREE) continue;
     for (int k = 0; k < r->n; k++) {
       if (sub_state(&SR(r)->sub[k]) == FAB_SUB_POSTED) fi_cancel(&c->ep->ep->fid, &SR(r)->sub[k].op.ctx);
     }
