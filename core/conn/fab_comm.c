@@ -183,8 +183,8 @@ void fab_comm_free(fab_comm* c) {
     r->head.magic = 0;
   }
   fab_pool_fini(&c->reqs);
-  free(c->prof);
-  fab_pwin_free(c->pwin);
+  for (int i = 0; i < FAB_EXT_COUNT; i++)
+    if (c->ext[i].data && c->ext[i].fini) c->ext[i].fini(c->ext[i].data);
   fab_ep_ctrl_dereg(c->answer_mr);
   free(c->answer_rails);
   free(c->rail_handles);

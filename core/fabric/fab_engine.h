@@ -288,6 +288,29 @@ static inline void* fab_req_tp(fab_req* r) { return r->tp; }
  * that names a comm by id (remote CQ data) finds it on the data path. Pages
  * are allocated under the endpoint lock and live as long as the endpoint. */
 
+/* A comm holds the connection's state. What another floor keeps on a comm
+ * lives in that floor's extension slot: made by it on first use, set under
+ * the ep lock or by the owner thread as the slot says, and handed to its fini
+ * when the comm is freed (as a transport's private area is the transport's). */
+typedef enum {
+  FAB_EXT_PROF = 0,     /* profiler events of its requests (fab_prof.c; owner thread) */
+  FAB_EXT_PWIN = 1,     /* one-sided calls on this connection (fab_pwin.c; ep lock) */
+  FAB_EXT_ONESIDED = 2, /* a one-sided group's handler of the peer's writes (fab_onesided_hook; ep lock) */
+  FAB_EXT_COUNT
+} fab_ext_id;
+
+typedef struct fab_comm_ext {
+  void* data;
+  void (*fini)(void* data); /* NULL: its floor frees it (and clears the slot) itself */
+} fab_comm_ext;
+
+/* FAB_EXT_ONESIDED: a recv comm of a one-sided group (core/onesided/) hands
+ * each of the peer's writes with remote CQ data to it. */
+typedef struct fab_onesided_hook {
+  void (*landed)(struct fab_comm* c, void* arg, uint32_t low);
+  void* arg;
+} fab_onesided_hook;
+
 struct fab_comm {
   uint32_t magic;
   fab_obj_kind kind; /* FAB_OBJ_SEND / RECV */
@@ -339,22 +362,20 @@ struct fab_comm {
   _Atomic uint32_t stall_polls;
   fab_op probe_op;
   fab_op ctl_op; /* the transport's control writes (fab_remote_ctl_write) */
-  /* recv comms of a one-sided group (core/onesided/fab_group.h): the handler of the
-   * peer's one-sided writes, set and cleared under the ep lock, and its
-   * argument */
-  void (*onesided)(struct fab_comm* c, uint32_t low);
-  void* onesided_arg;
-  struct fab_pwin* pwin;       /* one-sided calls on this connection (fab_pwin.h), from the first */
   int awaiting_answer;         /* send: its connect has not read the listener's answer yet; window
                                 * messages that come first are held (fab_pwin_hold) */
-  struct fab_prof_slot* prof; /* profiler events of its requests (fab_prof.c), from the first profiled one */
-  uint32_t prof_declined;      /* posts in a row whose starts the callback declined (owner thread) */
-  uint32_t prof_skip;          /* posts to leave unannounced before asking again (owner thread) */
+  fab_comm_ext ext[FAB_EXT_COUNT]; /* the other floors' state on it */
   char peer_name[96];
   _Alignas(16) unsigned char tp[]; /* the transport's (comm_size bytes) */
 };
 
 static inline void* fab_comm_tp(fab_comm* c) { return c->tp; }
+
+static inline void* fab_comm_ext_get(const fab_comm* c, fab_ext_id id) { return c->ext[id].data; }
+static inline void fab_comm_ext_set(fab_comm* c, fab_ext_id id, void* data, void (*fini)(void* data)) {
+  c->ext[id].fini = fini;
+  c->ext[id].data = data;
+}
 
 /* --- engine --------------------------------------------------------------- */
 

@@ -14,14 +14,28 @@ void fab_prof_set(fab_profiler_fn fn) {
   if (fn) atomic_store_explicit(&fab_prof_fn, fn, memory_order_relaxed);
 }
 
+static void prof_comm_free(void* data) {
+  fab_prof_comm* p = data;
+  free(p->slots);
+  free(p);
+}
+
+/* c's profiler state, made by its first post; NULL when out of memory. */
+static fab_prof_comm* prof_comm(fab_comm* c) {
+  fab_prof_comm* p = fab_comm_ext_get(c, FAB_EXT_PROF);
+  if (!p && (p = calloc(1, sizeof(*p))) != NULL) fab_comm_ext_set(c, FAB_EXT_PROF, p, prof_comm_free);
+  return p;
+}
+
 /* r's event slots (FAB_MAX_RECVS per request), allocated with the comm's
  * first profiled operation by its owner thread; NULL when out of memory. */
-static fab_prof_slot* slots_of(fab_comm* c, fab_req* r) {
-  if (!c->prof) {
-    c->prof = calloc((size_t)c->reqs.count * FAB_MAX_RECVS, sizeof(fab_prof_slot));
-    if (!c->prof) return NULL;
+static fab_prof_slot* slots_of(fab_prof_comm* p, fab_comm* c, fab_req* r) {
+  if (!p) return NULL;
+  if (!p->slots) {
+    p->slots = calloc((size_t)c->reqs.count * FAB_MAX_RECVS, sizeof(fab_prof_slot));
+    if (!p->slots) return NULL;
   }
-  return &c->prof[(size_t)r->pool_index * FAB_MAX_RECVS];
+  return &p->slots[(size_t)r->pool_index * FAB_MAX_RECVS];
 }
 
 static void describe(fab_comm* c, fab_req* r, int sub, uint64_t size, int tag, fab_prof_event_v1* e) {
@@ -40,6 +54,8 @@ static void describe(fab_comm* c, fab_req* r, int sub, uint64_t size, int tag, f
 
 void fab_prof_posted(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags) {
   fab_profiler_fn fn = fab_prof_active();
+  fab_comm* c = r->comm;
+  fab_prof_comm* p = prof_comm(c);
   fab_prof_slot* s = NULL; /* allocated only once a profiler takes an event: NCCL always passes its callback */
   for (int i = 0; i < r->n; i++) {
     if (!phandles[i]) continue;
@@ -48,7 +64,7 @@ void fab_prof_posted(fab_req* r, void* const* phandles, const size_t* sizes, con
     void* eh = NULL;
     fn(&eh, FAB_PROF_START, phandles[i], FAB_PROF_PLUGIN_ID, &e);
     if (!eh) continue; /* no profiler, or it does not want net events */
-    if (!s && (s = slots_of(r->comm, r)) != NULL)
+    if (!s && (s = slots_of(p, c, r)) != NULL)
       for (int k = 0; k < r->n; k++) s[k].eh = NULL;
     if (!s) { /* out of memory: close the event at once rather than leak it */
       fn(&eh, FAB_PROF_STOP, NULL, FAB_PROF_PLUGIN_ID, NULL);
@@ -58,19 +74,20 @@ void fab_prof_posted(fab_req* r, void* const* phandles, const size_t* sizes, con
     s[i].tag = tags[i];
     r->prof = 1;
   }
-  fab_comm* c = r->comm;
+  if (!p) return;
   if (r->prof) {
-    c->prof_declined = 0;
-  } else if (++c->prof_declined >= FAB_PROF_DECLINED_MAX) {
-    c->prof_declined = FAB_PROF_DECLINED_MAX - 1; /* one more declined post after the pause resumes it */
-    c->prof_skip = FAB_PROF_SKIP;
+    p->declined = 0;
+  } else if (++p->declined >= FAB_PROF_DECLINED_MAX) {
+    p->declined = FAB_PROF_DECLINED_MAX - 1; /* one more declined post after the pause resumes it */
+    p->skip = FAB_PROF_SKIP;
   }
 }
 
 void fab_prof_done(fab_req* r) {
   fab_comm* c = r->comm;
   fab_profiler_fn fn = fab_prof_active();
-  fab_prof_slot* s = &c->prof[(size_t)r->pool_index * FAB_MAX_RECVS];
+  fab_prof_comm* p = fab_comm_ext_get(c, FAB_EXT_PROF); /* made before r->prof was set */
+  fab_prof_slot* s = &p->slots[(size_t)r->pool_index * FAB_MAX_RECVS];
   int sizes[FAB_MAX_RECVS] = {0};
   if (r->result == FAB_OK) c->ops->sizes(r, sizes);
   for (int i = 0; i < r->n; i++) {

@@ -57,11 +57,19 @@ typedef struct fab_prof_event_v1 {
 
 extern _Atomic(fab_profiler_fn) fab_prof_fn;
 
-/* One started event of a request's buffer (fab_comm.prof). */
+/* One started event of a request's buffer. */
 typedef struct fab_prof_slot {
   void* eh;  /* NCCL's event handle; NULL: nobody wants it */
   int tag;
 } fab_prof_slot;
+
+/* A comm's profiler state: its FAB_EXT_PROF slot, made by its first post
+ * while a callback is set, used by its owner thread only. */
+typedef struct fab_prof_comm {
+  uint32_t declined;    /* posts in a row whose starts the callback declined */
+  uint32_t skip;        /* posts to leave unannounced before asking again */
+  fab_prof_slot* slots; /* FAB_MAX_RECVS per request, from the first event a profiler took */
+} fab_prof_comm;
 
 typedef struct fab_req fab_req;
 /* After a successful isend/irecv (r posted, r->n buffers): a start event for
@@ -84,13 +92,14 @@ static inline fab_profiler_fn fab_prof_active(void) {
   return atomic_load_explicit(&fab_prof_fn, memory_order_relaxed);
 }
 
-/* Whether a post on a comm announces profiler events: a callback was given,
- * and the comm is not pausing after its starts were declined (its
- * prof_skip). Owner thread. */
-static inline int fab_prof_wanted(uint32_t* prof_skip) {
+/* Whether a post on a comm with profiler state p (its FAB_EXT_PROF slot,
+ * NULL before its first post) announces profiler events: a callback was
+ * given, and the comm is not pausing after its starts were declined. Owner
+ * thread. */
+static inline int fab_prof_wanted(fab_prof_comm* p) {
   if (__builtin_expect(!fab_prof_active(), 1)) return 0;
-  if (*prof_skip) {
-    (*prof_skip)--;
+  if (p && p->skip) {
+    p->skip--;
     return 0;
   }
   return 1;

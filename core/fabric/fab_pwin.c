@@ -8,19 +8,21 @@
 
 #include "fab_req.h"
 
-fab_pwin* fab_pwin_get(fab_comm* c) {
-  if (!c->pwin) {
-    c->pwin = fab_reqmem_alloc(sizeof(fab_pwin)); /* zeroed */
-    if (c->pwin) c->pwin->next_id = 1;
-  }
-  return c->pwin;
-}
-
-void fab_pwin_free(fab_pwin* p) {
-  if (!p) return;
+/* The comm is being freed: nothing of it is posted. */
+static void pwin_free(void* data) {
+  fab_pwin* p = data;
   free(p->held);
   free(p->peer);
   fab_reqmem_free(p, sizeof(*p));
+}
+
+fab_pwin* fab_pwin_get(fab_comm* c) {
+  fab_pwin* p = fab_pwin_of(c);
+  if (!p && (p = fab_reqmem_alloc(sizeof(fab_pwin))) != NULL) { /* zeroed */
+    p->next_id = 1;
+    fab_comm_ext_set(c, FAB_EXT_PWIN, p, pwin_free);
+  }
+  return p;
 }
 
 static int grow(void** v, size_t* cap, size_t n, size_t elem) {
@@ -71,7 +73,7 @@ static void answer_withdrawals(fab_comm* c, fab_pwin* p) {
 }
 
 void fab_pwin_op_done(fab_comm* c) {
-  fab_pwin* p = c->pwin;
+  fab_pwin* p = fab_pwin_of(c);
   p->ops_inflight--;
   answer_withdrawals(c, p);
 }
@@ -147,7 +149,7 @@ void fab_pwin_hold(fab_comm* c, const fab_wire_window* m) {
 }
 
 void fab_pwin_release_held(fab_comm* c) {
-  fab_pwin* p = c->pwin;
+  fab_pwin* p = fab_pwin_of(c);
   if (!p || !p->nheld) return;
   for (size_t i = 0; i < p->nheld; i++) {
     const fab_wire_window* m = &p->held[i];

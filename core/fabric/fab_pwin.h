@@ -67,8 +67,8 @@ typedef struct fab_pwin {
 /* c's one-sided state, made on first use (in request memory: it holds the
  * requests); NULL when out of memory. ep lock held. */
 fab_pwin* fab_pwin_get(fab_comm* c);
-/* Frees it (the comm is being freed: nothing of it is posted). */
-void fab_pwin_free(fab_pwin* p);
+/* c's one-sided state if it has any (its FAB_EXT_PWIN slot, freed with c). */
+static inline fab_pwin* fab_pwin_of(const fab_comm* c) { return fab_comm_ext_get(c, FAB_EXT_PWIN); }
 
 /* A message m from c's peer, validated on the wire: a window added or
  * withdrawn (answered once our operations in flight are done), or the answer

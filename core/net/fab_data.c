@@ -116,7 +116,7 @@ fab_result fab_isend(void* send_comm, void* data, size_t size, int tag, void* mh
   if (FAB_UNLIKELY(rc != FAB_OK)) return rc;
   rc = c->ops->isend(c, data, size, tag, mr, request);
   if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return fab_comm_not_now(c, "isend");
-  if (FAB_UNLIKELY(phandle != NULL) && rc == FAB_OK && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, &phandle, &size, &tag);
+  if (FAB_UNLIKELY(phandle != NULL) && rc == FAB_OK && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) fab_prof_posted(*request, &phandle, &size, &tag);
   return rc;
 }
 
@@ -144,7 +144,7 @@ fab_result fab_irecv(void* recv_comm, int n, void** data, const size_t* sizes, c
   }
   fab_result rc = c->ops->irecv(c, n, data, sizes, tags, mrs, request);
   if (FAB_UNLIKELY(rc == FAB_OK && !*request)) return fab_comm_not_now(c, "irecv");
-  if (FAB_UNLIKELY(phandles != NULL) && rc == FAB_OK && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, phandles, sizes, tags);
+  if (FAB_UNLIKELY(phandles != NULL) && rc == FAB_OK && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) fab_prof_posted(*request, phandles, sizes, tags);
   return rc;
 }
 

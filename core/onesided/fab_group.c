@@ -146,8 +146,8 @@ static fab_result bind_peers(fab_group* g, const char* fn) {
     add_ep(g, p->sc->ep);
     if (p->sc->home) add_ep(g, p->sc->home);
     pthread_mutex_lock(&g->target_ep->lock);
-    p->rc->onesided_arg = p;
-    p->rc->onesided = fab_group_target_landed;
+    p->hook = (fab_onesided_hook){.landed = fab_group_target_landed, .arg = p};
+    fab_comm_ext_set(p->rc, FAB_EXT_ONESIDED, &p->hook, NULL); /* the group clears it at close */
     pthread_mutex_unlock(&g->target_ep->lock);
   }
   return FAB_OK;
@@ -284,10 +284,7 @@ static void coll_destroy(fab_group* g) {
   pthread_mutex_lock(&g->target_ep->lock);
   for (int r = 0; r < g->nranks; r++) {
     fab_group_peer* p = &g->peers[r];
-    if (p->rc) {
-      p->rc->onesided = NULL;
-      p->rc->onesided_arg = NULL;
-    }
+    if (p->rc) fab_comm_ext_set(p->rc, FAB_EXT_ONESIDED, NULL, NULL);
     if (p->ring_reg.mr) fab_remote_buf_retire(g->target_ep, &p->ring_reg, p->ring_mem); /* the peer may still write */
     else free(p->ring_mem);
   }

@@ -162,6 +162,7 @@ typedef struct fab_group_peer {
   void* recv_h;
   fab_comm* sc;         /* our writes to the peer go out through sc */
   fab_comm* rc;         /* the peer's writes to us are named by rc's id */
+  fab_onesided_hook hook; /* rc's FAB_EXT_ONESIDED while the group lives: fab_group_target_landed, this peer */
   fab_window ring;      /* the peer's ring for our signal records (+ scratch) */
   uint32_t token;       /* the peer's: its records carry it */
   /* source side (group->lock, except the atomics) */
@@ -336,7 +337,9 @@ static inline fab_result fab_group_fail_aborted(fab_group* g, const char* fn) {
   return fab_group_fail(g, FAB_ERR_INTERNAL, fn, "NCCL raised its abort flag (ncclCommAbort, or an error on another "
                        "rank) while this call waited for peers; giving up");
 }
-void fab_group_target_landed(fab_comm* rc, uint32_t low);
+/* A peer's write with remote CQ data on its recv comm rc (the comm's
+ * FAB_EXT_ONESIDED hook; arg: its fab_group_peer). ep lock held. */
+void fab_group_target_landed(fab_comm* rc, void* arg, uint32_t low);
 /* Applies what waits for progress: staged chunks copied into their windows,
  * signals into GPU windows. group->lock held. */
 void fab_group_target_drain(fab_group* g);

@@ -148,8 +148,9 @@ static int32_t ack_delta(uint32_t v, uint32_t acked) {
   return d >> (FAB_GROUP_VALUE_BITS - 1) ? (int32_t)d - (int32_t)(1u << FAB_GROUP_VALUE_BITS) : (int32_t)d;
 }
 
-void fab_group_target_landed(fab_comm* rc, uint32_t low) {
-  fab_group_peer* p = rc->onesided_arg;
+void fab_group_target_landed(fab_comm* rc, void* arg, uint32_t low) {
+  (void)rc;
+  fab_group_peer* p = arg;
   if (!p || p->bad[0] || atomic_load(&p->group->failed)) return;
   uint32_t v = low & FAB_GROUP_VALUE_MASK;
   switch (low >> 28) {

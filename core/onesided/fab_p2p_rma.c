@@ -152,7 +152,7 @@ fab_result fab_dereg_mr_offered(void* comm, void* mhandle) {
   if (c) { /* a closed comm's peer has nothing to withdraw */
     pthread_mutex_lock(&c->ep->lock);
     m->offered_on = NULL;
-    if (c->error == FAB_OK) withdraw(c, c->pwin, m->offer_id);
+    if (c->error == FAB_OK) withdraw(c, fab_pwin_of(c), m->offer_id);
     pthread_mutex_unlock(&c->ep->lock);
   }
   return fab_dereg_mr(comm, mhandle); /* WARNs for a bad handle */

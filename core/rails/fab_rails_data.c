@@ -74,7 +74,7 @@ fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, vo
     fab_tagmap_untake(&rc->tags, tag);
     return res != FAB_OK ? res : fab_comm_not_now(c, "isend");
   }
-  if (phandle && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, &phandle, &size, &tag);
+  if (phandle && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) fab_prof_posted(*request, &phandle, &size, &tag);
   return FAB_OK;
 }
 
@@ -128,7 +128,7 @@ static int child_post(fab_rails_parent* p, int k, fab_result* res) {
     return *res == FAB_OK ? 0 : -1;
   }
   ch->posted = 1;
-  if (profiled && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(ch->req, phandles, len, tags);
+  if (profiled && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) fab_prof_posted(ch->req, phandles, len, tags);
   return 1;
 }
 
@@ -219,7 +219,7 @@ static fab_result recv_on_one_rail(fab_rails_comm* rc, int rail, int n, void** d
     untake_tags(rc, n, tags);
     return res != FAB_OK ? res : fab_comm_not_now(c, "irecv");
   }
-  if (phandles && fab_prof_wanted(&c->prof_skip)) fab_prof_posted(*request, phandles, sizes, tags);
+  if (phandles && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) fab_prof_posted(*request, phandles, sizes, tags);
   return FAB_OK;
 }
 

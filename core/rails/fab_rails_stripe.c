@@ -212,7 +212,7 @@ fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag
     return res;
   }
   fab_comm* c = rc->c[rail];
-  if (sp->part[0].posted && phandle && fab_prof_wanted(&c->prof_skip)) {
+  if (sp->part[0].posted && phandle && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) {
     size_t first = len[0];
     fab_prof_posted(sp->part[0].req, &phandle, &first, &tag);
   }

@@ -52,7 +52,8 @@ static void setup(void) {
   p->token = TOKEN;
   p->ring_mem = fx->ring;
   p->put_seen = calloc(FAB_GROUP_PUT_WINDOW / 64, sizeof(uint64_t));
-  fx->rc->onesided_arg = p;
+  p->hook = (fab_onesided_hook){.landed = fab_group_target_landed, .arg = p};
+  fab_comm_ext_set(fx->rc, FAB_EXT_ONESIDED, &p->hook, NULL);
 }
 
 static void teardown(void) {
@@ -71,7 +72,11 @@ static void place(uint32_t seq, uint64_t puts_before, uint64_t offset, uint64_t 
   fx->ring[seq % FAB_GROUP_RING] = s;
 }
 
-static void landed(unsigned kind, uint32_t value) { fab_group_target_landed(fx->rc, fab_group_cq_low(kind, value)); }
+/* as the rdma transport hands a write with remote CQ data to the comm's hook */
+static void landed(unsigned kind, uint32_t value) {
+  fab_onesided_hook* hook = fab_comm_ext_get(fx->rc, FAB_EXT_ONESIDED);
+  hook->landed(fx->rc, hook->arg, fab_group_cq_low(kind, value));
+}
 static void expect_refused(const char* what);
 
 /* Put number n (from 0, in the source's order) landed. */

@@ -104,7 +104,8 @@ static void rd_remote_data(fab_endpoint* ep, const fab_cqe* e) {
   fab_comm_count_completion(c);
   unsigned type = rd_cq_type(d);
   if (type == RD_DATA && rd_cq_slot(d) == RD_ONESIDED_SLOT) {
-    if (c->kind == FAB_OBJ_RECV && c->onesided) c->onesided(c, rd_cq_low(d));
+    fab_onesided_hook* hook = c->kind == FAB_OBJ_RECV ? fab_comm_ext_get(c, FAB_EXT_ONESIDED) : NULL;
+    if (hook) hook->landed(c, hook->arg, rd_cq_low(d));
     else FAB_INFO(FAB_SUBSYS_NET, "ignored a one-sided write on %s for connection %u, not in a group (any more)",
                   ep->dev->name, rd_cq_comm(d));
     return;
