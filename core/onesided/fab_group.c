@@ -11,10 +11,10 @@
 #include "fab_devcopy.h"
 #include "fab_transport.h"
 
-enum { COLL_MAGIC = 0x434f4c4c, HELLO_MAGIC = 0x48454c4f, HELLO_TAG = 0x7ffe0000 };
+enum { GROUP_MAGIC = 0x434f4c4c, HELLO_MAGIC = 0x48454c4f, HELLO_TAG = 0x7ffe0000 };
 
 /* What each rank tells each peer at connect. */
-typedef struct coll_hello {
+typedef struct group_hello {
   uint32_t magic;
   int32_t rank, nranks;
   uint32_t token;
@@ -22,10 +22,10 @@ typedef struct coll_hello {
   uint32_t check;
   uint32_t ordered; /* 1: this rank's puts are plain ordered writes (fab_group.h) */
   uint32_t reserved[4];
-} coll_hello;
-_Static_assert(sizeof(coll_hello) == FAB_GROUP_XCHG_BYTES, "coll_hello is one exchange part");
+} group_hello;
+_Static_assert(sizeof(group_hello) == FAB_GROUP_XCHG_BYTES, "group_hello is one exchange part");
 
-static uint32_t hello_check(const coll_hello* h) {
+static uint32_t hello_check(const group_hello* h) {
   return h->magic ^ (uint32_t)h->rank ^ (uint32_t)h->nranks ^ h->token ^ (uint32_t)h->ring_addr ^
          (uint32_t)h->ring_key ^ (uint32_t)h->ring_len ^ h->ordered ^ 0x4f4c4c48u;
 }
@@ -96,7 +96,7 @@ static fab_result write_hellos(fab_group* g, const char* fn) {
     fab_group_peer* p = &g->peers[r];
     fab_result rc = make_ring(g, p, fn);
     if (rc != FAB_OK) return rc;
-    coll_hello h = {.magic = HELLO_MAGIC, .rank = g->rank, .nranks = g->nranks, .token = g->token,
+    group_hello h = {.magic = HELLO_MAGIC, .rank = g->rank, .nranks = g->nranks, .token = g->token,
                     .ring_addr = p->ring_reg.win.addr, .ring_key = p->ring_reg.win.key,
                     .ring_len = p->ring_reg.win.len, .ordered = (uint32_t)g->ordered};
     h.check = hello_check(&h);
@@ -110,7 +110,7 @@ static fab_result write_hellos(fab_group* g, const char* fn) {
 static fab_result read_hellos(fab_group* g, void** slot, const char* fn) {
   for (int r = 0; r < g->nranks; r++) {
     if (r == g->rank) continue;
-    coll_hello h;
+    group_hello h;
     memcpy(&h, fab_group_part_in(g, r), sizeof(h));
     if (h.magic != HELLO_MAGIC || h.check != hello_check(&h) || h.nranks != g->nranks || h.rank < 0 ||
         h.rank >= g->nranks || h.rank == g->rank || g->peers[h.rank].recv_h) {
@@ -168,7 +168,7 @@ static fab_result hello(fab_group* g, void** accepted, const char* fn) {
   return rc;
 }
 
-static fab_result coll_setup(fab_group* g, fab_listener* l, void** handles, const char* fn) {
+static fab_result group_setup(fab_group* g, fab_listener* l, void** handles, const char* fn) {
   size_t xlen = (size_t)2 * g->nranks * FAB_GROUP_XCHG_BYTES;
   g->xchg_buf = calloc(1, xlen);
   if (!g->xchg_buf) return fab_group_fail(g, FAB_ERR_SYSTEM, fn, "out of memory");
@@ -189,7 +189,7 @@ static fab_result coll_setup(fab_group* g, fab_listener* l, void** handles, cons
   return rc;
 }
 
-static void coll_destroy(fab_group* g);
+static void group_destroy(fab_group* g);
 
 static fab_result connect_args(void** handles, int nranks, int rank, void* listen_comm, void** group,
                                fab_listener** l) {
@@ -230,7 +230,7 @@ fab_result fab_group_connect(fab_ctx* ctx, void** handles, int nranks, int rank,
     FAB_WARN("connect: out of memory for a group of %d ranks", nranks);
     return FAB_ERR_SYSTEM;
   }
-  g->magic = COLL_MAGIC;
+  g->magic = GROUP_MAGIC;
   g->peers = peers;
   g->nranks = nranks;
   g->rank = rank;
@@ -255,14 +255,14 @@ fab_result fab_group_connect(fab_ctx* ctx, void** handles, int nranks, int rank,
     fab_op_init(&peers[r].ack_op, fab_group_ack_done, &peers[r], 0);
   }
   fab_group_register(g);
-  rc = coll_setup(g, l, handles, "connect");
+  rc = group_setup(g, l, handles, "connect");
   g->abort_flag = NULL; /* NCCL's flag is for this call; later collective calls have no such promise */
   if (rc == FAB_OK) {
     g->handle = fab_obj_add(FAB_OBJ_COLL, g);
     if (!g->handle) rc = fab_group_fail(g, FAB_ERR_SYSTEM, "connect", "handle table full");
   }
   if (rc != FAB_OK) {
-    coll_destroy(g);
+    group_destroy(g);
     return rc;
   }
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "RMA group of %d ranks connected on %s (rank %d)", nranks, g->dev->name,
@@ -273,7 +273,7 @@ fab_result fab_group_connect(fab_ctx* ctx, void** handles, int nranks, int rank,
 
 /* --- close ---------------------------------------------------------------------------- */
 
-static void coll_destroy(fab_group* g) {
+static void group_destroy(fab_group* g) {
   fab_group_unregister(g); /* no other group's progress reaches it from here on */
   int64_t deadline = fab_now_ms() + FAB_CLOSE_DRAIN_MS;
   while (fab_group_busy(g) && fab_now_ms() < deadline) {
@@ -322,7 +322,7 @@ fab_result fab_close_group(void* group) {
   fab_group* g = fab_group_get(group, "closeColl");
   if (!g) return FAB_ERR_INTERNAL;
   fab_obj_remove(group, FAB_OBJ_COLL);
-  coll_destroy(g);
+  group_destroy(g);
   return FAB_OK;
 }
 

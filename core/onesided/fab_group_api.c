@@ -104,7 +104,7 @@ fab_result fab_rma_destroy_context(void* rma_ctx) {
   return FAB_OK;
 }
 
-static fab_group* ctx_coll(void* rma_ctx, const char* fn) {
+static fab_group* group_of_ctx(void* rma_ctx, const char* fn) {
   fab_group_ctx* x = fab_obj_get(rma_ctx, FAB_OBJ_COLL_CTX);
   if (x) return x->group;
   fab_group* g = fab_obj_get(rma_ctx, FAB_OBJ_COLL); /* GIN v11/v12 pass the comm itself */
@@ -115,7 +115,7 @@ static fab_group* ctx_coll(void* rma_ctx, const char* fn) {
 }
 
 fab_result fab_rma_progress(void* rma_ctx) {
-  fab_group* g = ctx_coll(rma_ctx, "rmaProgress");
+  fab_group* g = group_of_ctx(rma_ctx, "rmaProgress");
   if (!g) return FAB_ERR_INTERNAL;
   fab_group_progress(g);
   return (fab_result)atomic_load(&g->failed); /* its one WARN was given when it failed */
@@ -123,7 +123,7 @@ fab_result fab_rma_progress(void* rma_ctx) {
 
 fab_result fab_rma_query_last_error(void* rma_ctx, bool* has_error) {
   if (!has_error) return fab_bad_argument("queryLastError", "hasError", 0, "a non-NULL pointer");
-  fab_group* g = ctx_coll(rma_ctx, "queryLastError");
+  fab_group* g = group_of_ctx(rma_ctx, "queryLastError");
   if (!g) return FAB_ERR_INTERNAL;
   /* the group's failure, or any operation of it that test reported failed: sticky, as a failure is final */
   *has_error = atomic_load(&g->failed) != 0 || atomic_load(&g->op_failed) != 0;
