@@ -76,7 +76,7 @@ asan_tests() {
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$top/build-asan" --output-on-failure -j "$jobs" --timeout 900 -L 'unit|abi|functional' \
     -LE engine-bug \
-    -E 'functional\.(tcp|shm)\.(sendrecv|rdma)\.v(7|8|9|10|11)$|functional\.(tcp|shm)\.sendrecv\.neuron[0-9]+$|functional\.(tcp|shm)\.rdma\.(neuron[45]|eager)$|functional\.rma\.(tcp|shm)\.(v1[45]\.n2|.*\.n4)$|functional\.shm\.rdma\.efa$|functional\.shm\.rdma\.shm-gpu$|functional\.tcp\.rdma\.cxi$|functional\.tcp\.rdma\.rxm64$|large_puts$|large_puts\.efa$'
+    -E 'functional\.(tcp|shm)\.(sendrecv|rdma)\.v(7|8|9|10|11)$|functional\.(tcp|shm)\.sendrecv\.neuron[0-9]+$|functional\.(tcp|shm)\.rdma\.(neuron[45]|eager)$|functional\.rma\.(tcp|shm)\.(v1[45]\.n2|.*\.n4)$|functional\.(tcp|shm)\.rdma\.(efa|verbs|cxi|shm-gpu)$|functional\.tcp\.rdma\.rxm64$|large_puts$|large_puts\.efa$'
 }
 stage "test under AddressSanitizer + UBSan" asan_tests
 
