@@ -12,11 +12,10 @@
  * a page in its span is marked and kept until unload, so a check is two
  * loads and never takes a lock. Addresses above 2^48 are never request
  * memory; should one be mapped, the check is off (see reqmem_unchecked). */
-enum { PAGE_SHIFT = 12, LEAF_BITS = 20, TOP_BITS = 48 - PAGE_SHIFT - LEAF_BITS };
-#define FAB_REQMEM_TOP (1u << TOP_BITS)
+enum { PAGE_SHIFT = FAB_REQMEM_PAGE_SHIFT, LEAF_BITS = FAB_REQMEM_LEAF_BITS };
 #define LEAF_WORDS ((1u << LEAF_BITS) / 64)
 
-static _Atomic(_Atomic uint64_t*) reqmem_top[FAB_REQMEM_TOP];
+_Atomic(_Atomic uint64_t*) fab_reqmem_top[FAB_REQMEM_TOP];
 /* Set when request memory could not be marked (a mapping above 2^48, or no
  * memory for a leaf): the pointer check then only asks for alignment. */
 static atomic_int reqmem_unchecked;
@@ -24,11 +23,11 @@ static atomic_int reqmem_unchecked;
 static _Atomic uint64_t* leaf_of(uint64_t page, int make) {
   uint64_t top = page >> LEAF_BITS;
   if (top >= FAB_REQMEM_TOP) return NULL;
-  _Atomic uint64_t* leaf = atomic_load_explicit(&reqmem_top[top], memory_order_acquire);
+  _Atomic uint64_t* leaf = atomic_load_explicit(&fab_reqmem_top[top], memory_order_acquire);
   if (leaf || !make) return leaf;
   _Atomic uint64_t* fresh = calloc(LEAF_WORDS, sizeof(uint64_t));
   if (!fresh) return NULL;
-  if (!atomic_compare_exchange_strong_explicit(&reqmem_top[top], &leaf, fresh, memory_order_acq_rel,
+  if (!atomic_compare_exchange_strong_explicit(&fab_reqmem_top[top], &leaf, fresh, memory_order_acq_rel,
                                                memory_order_acquire)) {
     free((void*)fresh); /* another thread made it first: leaf is theirs */
     return leaf;
@@ -75,10 +74,7 @@ void fab_reqmem_free(void* p, size_t bytes) {
 }
 
 static int page_held(uint64_t page) {
-  _Atomic uint64_t* leaf = leaf_of(page, 0);
-  if (FAB_UNLIKELY(!leaf)) return atomic_load_explicit(&reqmem_unchecked, memory_order_relaxed) && page > 0;
-  uint64_t word = atomic_load_explicit(&leaf[(page & ((1u << LEAF_BITS) - 1)) >> 6], memory_order_acquire);
-  if (FAB_LIKELY((word >> (page & 63)) & 1)) return 1;
+  if (FAB_LIKELY(fab_reqmem_page_marked(page))) return 1;
   return atomic_load_explicit(&reqmem_unchecked, memory_order_relaxed) && page > 0;
 }
 
@@ -89,7 +85,7 @@ int fab_reqmem_holds(const void* p) {
 
 static const char* api_name(int api) { return api == FAB_REQ_API_RMA ? "the RMA table's" : "the net table's"; }
 
-fab_req_head* fab_req_head_check(void* p, int api, const char* fn) {
+fab_req_head* fab_req_head_check_slow(void* p, int api, const char* fn) {
   if (FAB_UNLIKELY(!p || ((uintptr_t)p & 7) || !fab_reqmem_holds(p))) {
     FAB_WARN("%s: %p is not a request (NULL, or never returned by this plugin): pass the request the call that "
              "started the operation returned", fn, p);

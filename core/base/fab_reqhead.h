@@ -16,6 +16,7 @@
 #ifndef FAB_REQHEAD_H
 #define FAB_REQHEAD_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,14 +60,47 @@ void fab_reqmem_free(void* p, size_t bytes);
  * not; for memory its owner maps itself (request pools). */
 void fab_reqmem_mark(void* p, size_t bytes, int on);
 
+/* The bitmap of request pages (fab_reqhead.c): a top table of leaves, each
+ * the bits of 2^FAB_REQMEM_LEAF_BITS pages, made on first use and kept. */
+enum { FAB_REQMEM_PAGE_SHIFT = 12, FAB_REQMEM_LEAF_BITS = 20 };
+#define FAB_REQMEM_TOP (1u << (48 - FAB_REQMEM_PAGE_SHIFT - FAB_REQMEM_LEAF_BITS))
+extern _Atomic(_Atomic uint64_t*) fab_reqmem_top[FAB_REQMEM_TOP];
+
+/* 1 when page (an address >> FAB_REQMEM_PAGE_SHIFT) is request memory, in two
+ * loads; 0 also when it may be but could not be marked (fab_reqmem_holds then
+ * decides). */
+static inline int fab_reqmem_page_marked(uint64_t page) {
+  uint64_t top = page >> FAB_REQMEM_LEAF_BITS;
+  if (FAB_UNLIKELY(top >= FAB_REQMEM_TOP)) return 0;
+  _Atomic uint64_t* leaf = atomic_load_explicit(&fab_reqmem_top[top], memory_order_acquire);
+  if (FAB_UNLIKELY(!leaf)) return 0;
+  uint64_t word = atomic_load_explicit(&leaf[(page & ((1u << FAB_REQMEM_LEAF_BITS) - 1)) >> 6], memory_order_acquire);
+  return (int)((word >> (page & 63)) & 1);
+}
+
 /* 1 when the 16 bytes at p (a header) lie in request memory; nothing is read
  * but the bitmap. */
 int fab_reqmem_holds(const void* p);
 
+/* fab_req_head_check's full check: also a header that crosses a page, and
+ * the WARN that says why p is refused. */
+__attribute__((cold)) fab_req_head* fab_req_head_check_slow(void* p, int api, const char* fn);
+
 /* The live request at p, or NULL (after one WARN naming fn) when p is NULL,
  * outside request memory, misaligned, not at a request, not handed out, or
- * of a kind the other API call tests. */
-fab_req_head* fab_req_head_check(void* p, int api, const char* fn);
+ * of a kind the other API call tests. Inline: the runtime calls test in a
+ * loop. */
+static inline fab_req_head* fab_req_head_check(void* p, int api, const char* fn) {
+  uintptr_t a = (uintptr_t)p;
+  /* a header of 16 bytes at an 8-aligned address in one page (the rare
+   * header that crosses a page takes the slow path) */
+  if (FAB_LIKELY(a && !(a & 7) && (a & 4095) <= 4096 - 16 && fab_reqmem_page_marked(a >> FAB_REQMEM_PAGE_SHIFT))) {
+    fab_req_head* h = p;
+    if (FAB_LIKELY(h->magic == FAB_REQ_MAGIC && h->state == FAB_REQ_ACTIVE && h->kind && h->kind->api == api))
+      return h;
+  }
+  return fab_req_head_check_slow(p, api, fn);
+}
 
 /* --- the one sequence of a test ----------------------------------------------------- */
 
