@@ -129,6 +129,22 @@ typedef struct fab_req_steps {
 
 void fab_req_warn(fab_req_head* h, const fab_req_steps* s, fab_result rc);
 
+/* The steps of a request made of other requests (the rails' grouped receive
+ * and split send): its parts' own tests watch liveness, give up and WARN, so
+ * its busy step records a part's failure and reports it complete. */
+static inline fab_result fab_req_parts_stalled(fab_req_head* h) {
+  (void)h;
+  return FAB_OK;
+}
+static inline int fab_req_parts_give_up(fab_req_head* h, fab_result rc) {
+  (void)h, (void)rc;
+  return 0;
+}
+static inline int fab_req_parts_explain(fab_req_head* h, fab_result rc, char* buf, size_t len) {
+  (void)h, (void)rc, (void)buf, (void)len;
+  return 0; /* the failed part, or its rail, said why */
+}
+
 /* The test of every kind: done is set once h is over (completed, or failed
  * for good); a failure is reported once, with one WARN. */
 static inline __attribute__((always_inline)) fab_result fab_req_run(fab_req_head* h, int* done, int* sizes,

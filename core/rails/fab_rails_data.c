@@ -365,14 +365,6 @@ static int parent_busy(fab_req_head* h, int poll) {
   return res == FAB_OK && left;
 }
 
-/* Liveness and giving up are its children's. */
-static fab_result parent_stalled(fab_req_head* h) { (void)h; return FAB_OK; }
-static int parent_give_up(fab_req_head* h, fab_result rc) { (void)h, (void)rc; return 0; }
-static int parent_explain(fab_req_head* h, fab_result rc, char* buf, size_t len) {
-  (void)h, (void)rc, (void)buf, (void)len;
-  return 0; /* the failed child, or the rail, said why */
-}
-
 static fab_result parent_finish(fab_req_head* h, int* sizes) {
   fab_rails_parent* p = (fab_rails_parent*)h;
   if (p->result == FAB_OK && sizes) memcpy(sizes, p->sizes, (size_t)p->n * sizeof(int));
@@ -389,8 +381,8 @@ static void parent_done(fab_req_head* h) {
     h->state = FAB_REQ_ORPHAN;
 }
 
-static const fab_req_steps parent_steps = {parent_busy, parent_stalled, parent_give_up, parent_finish, parent_explain,
-                                           parent_done};
+static const fab_req_steps parent_steps = {parent_busy,   fab_req_parts_stalled, fab_req_parts_give_up,
+                                           parent_finish, fab_req_parts_explain, parent_done};
 
 static fab_result parent_test(fab_req_head* h, int* done, int* sizes) {
   return fab_req_run(h, done, sizes, &parent_steps, 1);

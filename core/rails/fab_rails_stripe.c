@@ -245,14 +245,6 @@ static int send_busy(fab_req_head* h, int poll) {
   return res == FAB_OK && left;
 }
 
-/* Liveness and giving up are its parts'. */
-static fab_result send_stalled(fab_req_head* h) { (void)h; return FAB_OK; }
-static int send_give_up(fab_req_head* h, fab_result rc) { (void)h, (void)rc; return 0; }
-static int send_explain(fab_req_head* h, fab_result rc, char* buf, size_t len) {
-  (void)h, (void)rc, (void)buf, (void)len;
-  return 0; /* the failed part, or the rail, said why */
-}
-
 static fab_result send_finish(fab_req_head* h, int* sizes) {
   fab_stripe_send* sp = (fab_stripe_send*)h;
   if (sp->result == FAB_OK && sizes) sizes[0] = (int)sp->size;
@@ -262,7 +254,8 @@ static fab_result send_finish(fab_req_head* h, int* sizes) {
 /* after a failure, parts still posted stay with their rails' comms, which fail too */
 static void send_done(fab_req_head* h) { send_put((fab_stripe_send*)h); }
 
-static const fab_req_steps send_steps = {send_busy, send_stalled, send_give_up, send_finish, send_explain, send_done};
+static const fab_req_steps send_steps = {send_busy,   fab_req_parts_stalled, fab_req_parts_give_up,
+                                         send_finish, fab_req_parts_explain, send_done};
 
 static fab_result send_test(fab_req_head* h, int* done, int* sizes) {
   return fab_req_run(h, done, sizes, &send_steps, 1);
