@@ -106,6 +106,13 @@ run "functional.tcp.rdma.core.efa" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TR
   "--filter=!(functional/@(connect_close_cycles|foreign_handle))"
 run "functional.rma.tcp.v17.n2.efa" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma FABRIC_NIC_PROFILE=efa \
   FABRIC_TEST_RMA_API=17 "$fn/fabric-rma" --ranks 2
+# auto under every NIC profile on 2.x's tcp, which reports a remote write's length: the rdma transport and the
+# one-sided calls, EFA's and verbs' in the 4-byte format (on 1.x's tcp auto takes sendrecv under those two:
+# tools.fabric-info.profiles.tcp)
+run "fabric-info.profiles.tcp" env FI_PROVIDER=tcp FI_TCP_IFACE=lo bash "$top/tests/bench/expect_run.sh" --ok \
+  --match "^  efa +rdma +yes, in the 4-byte CQ data format" \
+  --match "^  verbs +rdma +yes, in the 4-byte CQ data format" --match "^  cxi +rdma +yes" -- \
+  "$top/build/tests/tools/fabric-info" --profiles --plugin "$top/build/libnccl-net-fabric.so"
 # connections within one process: on shm, 2.x crashed removing an AV entry of a closed in-process endpoint
 # (fixed by core/fabric/fab_ep_local.c), and wrote a waiting send from a closed registration (fixed in rd_send.c)
 run "unit.threads.tcp" "$top/build/tests/unit/fabric-unit-threads" tcp
