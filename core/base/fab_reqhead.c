@@ -53,6 +53,10 @@ void fab_reqmem_mark(void* p, size_t bytes, int on) {
   }
 }
 
+void fab_reqmem_release(void) {
+  for (uint32_t i = 0; i < FAB_REQMEM_TOP; i++) free((void*)atomic_exchange(&fab_reqmem_top[i], NULL));
+}
+
 static size_t whole_pages(size_t bytes) {
   size_t page = (size_t)1 << PAGE_SHIFT;
   return (bytes + page - 1) & ~(page - 1);

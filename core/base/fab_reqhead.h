@@ -78,6 +78,10 @@ static inline int fab_reqmem_page_marked(uint64_t page) {
   return (int)((word >> (page & 63)) & 1);
 }
 
+/* Frees the bitmap, at library unload (a library that is unloaded takes the
+ * table that holds the leaves with it). */
+void fab_reqmem_release(void);
+
 /* 1 when the 16 bytes at p (a header) lie in request memory; nothing is read
  * but the bitmap. */
 int fab_reqmem_holds(const void* p);

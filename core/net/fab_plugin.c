@@ -285,6 +285,7 @@ __attribute__((destructor)) static void fab_unload(void) {
   if (fab_g.up) engine_down();
   pthread_mutex_unlock(&fab_g.lock);
   fab_pool_release_spares();
+  fab_reqmem_release();
 }
 
 /* --- devices -------------------------------------------------------------------- */

@@ -721,8 +721,6 @@ fab_result fab_rma_iflush(void* rma_ctx, int context, void* mhandle, uint32_t ra
   return FAB_OK;
 }
 
-/* --- test ------------------------------------------------------------------------------ */
-
 /* --- test: the steps of fab_req_run --------------------------------------------------- */
 
 static inline fab_group_req* greq_of(fab_req_head* h) { return (fab_group_req*)h; }
