@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -91,6 +92,8 @@ void rr_phase(rr_ctx* c, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(sh->phase[c->rank], sizeof sh->phase[c->rank], fmt, ap);
   va_end(ap);
+  if (getenv("RR_PHASE_LOG")) /* where the time goes, for a run that is slow */
+    fprintf(stderr, "rank %d at %lld ms: %s\n", c->rank, (long long)rr_now_ms(), sh->phase[c->rank]);
 }
 
 void rr_barrier(rr_ctx* c, const char* phase) {
@@ -102,8 +105,12 @@ void rr_barrier(rr_ctx* c, const char* phase) {
   } else {
     while (atomic_load(&sh->generation) == gen) {
       if (atomic_load(&sh->failed)) _exit(11); /* another rank failed and said why */
-      if (idle_fn) idle_fn(idle_arg);
-      else usleep(50);
+      if (!idle_fn) {
+        usleep(50);
+        continue;
+      }
+      idle_fn(idle_arg); /* a rank that waits here is still some peer's target */
+      sched_yield();     /* and must leave the core to the ranks still working, as NCCL's proxy does */
     }
   }
   snprintf(sh->phase[c->rank], sizeof sh->phase[c->rank], "after %s", phase);

@@ -629,11 +629,16 @@ static void threads(rr_ctx* c) {
   rr_phase(c, "threads: waiting for rank %d's signals", s);
   uint64_t* w = sig_word(c, &g, s, 0);
   int64_t deadline = rr_now_ms() + TIMEOUT_MS;
-  while (load_sig(w) < THREAD_PUTS && rr_now_ms() < deadline) /* as NCCL's proxy keeps calling rmaProgress */
+  while (load_sig(w) < THREAD_PUTS && rr_now_ms() < deadline) { /* as NCCL's proxy keeps calling rmaProgress */
     RR_OK(c->api.progress(g.rctx));
+    sched_yield(); /* ranks may share cores */
+  }
   RR_CHECK(load_sig(w) == THREAD_PUTS, "%llu signals of %d", (unsigned long long)load_sig(w), THREAD_PUTS);
   check_bytes(c, g.data + (size_t)s * g.region, 64 * 4096, 4242u + (unsigned)s, "data behind the last signal");
-  while (!atomic_load(&a.done)) RR_OK(c->api.progress(g.rctx));
+  while (!atomic_load(&a.done)) {
+    RR_OK(c->api.progress(g.rctx));
+    sched_yield();
+  }
   pthread_join(t, NULL);
   rr_barrier(c, "threads");
   teardown(c, &g);
