@@ -214,7 +214,7 @@ class Family:
 class ApiMember:
     member: str
     core: str
-    fallback: str | None
+    fallback: tuple            # functions tried in order after core (a string in the spec, or a list)
     after_fallback: str | None
     absent: str | None
     node: object

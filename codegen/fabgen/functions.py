@@ -152,9 +152,7 @@ def _shim_arg(spec, slot, a, core_t, sink, pre, post):
 
 def driver_slot(table, member):
     """(slot, mode) driving a fab_api member in this table; mode is direct or fallback."""
-    for mode, fn in (("direct", member.core), ("fallback", member.fallback)):
-        if fn is None:
-            continue
+    for mode, fn in [("direct", member.core)] + [("fallback", f) for f in member.fallback]:
         for s in table.slots:
             if s.core not in (None, "null") and s.core.name == fn:
                 return s, mode

@@ -348,12 +348,14 @@ class Spec:
             core.functions[name] = CoreFunction(name, ret, args, fnode)
         for an in node.child("api").elements(lambda i, v: v.get("member") if isinstance(v, dict) else None):
             an.keys({"member", "core", "fallback", "after_fallback", "absent", "api"}, {"member", "core"})
-            m = ApiMember(an.get("member", str), an.get("core", str), an.get("fallback", str),
+            fallback = an.get("fallback", (str, list), ())
+            fallback = (fallback,) if isinstance(fallback, str) else tuple(fallback)
+            m = ApiMember(an.get("member", str), an.get("core", str), fallback,
                           an.get("after_fallback", str), an.get("absent", str), an, an.get("api", str, "fab_api"))
-            for k in ("core", "fallback"):
-                fn = getattr(m, k)
-                if fn is not None and fn not in core.functions:
-                    raise an.error(f"'{fn}' is not a function of [core.function]", k)
+            for k, fns in (("core", (m.core,)), ("fallback", m.fallback)):
+                for fn in fns:
+                    if not isinstance(fn, str) or fn not in core.functions:
+                        raise an.error(f"'{fn}' is not a function of [core.function]", k)
             if m.absent not in (None, "null", "ok"):
                 raise an.error(f"'{m.absent}' is not one of: null, ok", "absent")
             core.api.append(m)

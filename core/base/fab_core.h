@@ -244,6 +244,12 @@ fab_result fab_rma_query_last_error(void* rma_ctx, bool* has_error);
  * waits, since the peer may itself be blocked in connect; accept then returns
  * the comms so answered. */
 fab_result fab_listen_short(fab_ctx* ctx, int dev, void* handle, void** listen_comm);
+/* listen and connect on the first rail of a device of several (FABRIC_NIC_RAILS, or fused NICs): the tables
+ * whose calls need one connection per comm (Neuron's one-sided windows are offered on a comm; RMA and GIN
+ * groups connect single-rail) use these, and on a device of one rail they are fab_listen and fab_connect. */
+fab_result fab_listen_one_rail(fab_ctx* ctx, int dev, void* handle, void** listen_comm);
+fab_result fab_connect_one_rail(fab_ctx* ctx, int dev, const fab_comm_config* config, void* handle, void** send_comm,
+                                void** dev_handle);
 fab_result fab_connect_wait(fab_ctx* ctx, int dev, const fab_comm_config* config, void* handle, void** send_comm,
                             void** dev_handle);
 fab_result fab_accept_wait(void* listen_comm, void** recv_comm, void** dev_handle);

@@ -111,7 +111,8 @@ typedef struct fab_pending {
  * context), device dev and its shared endpoint; WARNs and returns the
  * error. */
 fab_ctx* fab_ctx_resolve(fab_ctx* handle, const char* fn); /* NULL -> process context; WARNs */
-fab_device* fab_device_get(int dev, const char* fn);        /* WARNs */
+fab_device* fab_device_get(int dev, const char* fn);        /* the runtime's index; WARNs */
+int fab_device_first_rail(int dev, const char* fn);          /* ours, of its first rail; -1 (WARNed) */
 fab_result fab_ctx_endpoint(fab_ctx* handle, int dev, const char* fn, fab_ctx** ctx, fab_device** d,
                             fab_endpoint** ep);
 

@@ -411,11 +411,19 @@ fab_result fab_conn_connect(fab_ctx* ctx_handle, int dev, const fab_comm_config*
   return rc;
 }
 
+fab_result fab_connect_one_rail(fab_ctx* ctx_handle, int dev, const fab_comm_config* config, void* handle,
+                                void** send_comm, void** dev_handle) {
+  (void)dev_handle;
+  if (send_comm) *send_comm = NULL;
+  int idx = fab_device_first_rail(dev, "connect");
+  if (idx < 0) return FAB_ERR_INTERNAL;
+  return fab_conn_connect(ctx_handle, idx, config, handle, 1, 0, send_comm);
+}
+
 fab_result fab_connect_wait(fab_ctx* ctx_handle, int dev, const fab_comm_config* config, void* handle,
                             void** send_comm, void** dev_handle) {
-  (void)dev_handle;
   for (;;) {
-    fab_result rc = fab_conn_connect(ctx_handle, dev, config, handle, 1, 0, send_comm);
+    fab_result rc = fab_connect_one_rail(ctx_handle, dev, config, handle, send_comm, dev_handle);
     if (rc != FAB_OK || *send_comm) return rc; /* fab_connect gives up after FABRIC_CONNECT_TIMEOUT_MS */
     for (int i = 0; i < FAB_MAX_DEVICES; i++) { /* the peer may be blocked in its own connect to us */
       fab_endpoint* ep = atomic_load(&fab_g.eps[i]);

@@ -13,16 +13,22 @@ fab_ctx* fab_ctx_resolve(fab_ctx* handle, const char* fn) {
 }
 
 fab_device* fab_device_get(int dev, const char* fn) {
-  int n = atomic_load(&fab_g.ndevs);
+  int n = atomic_load(&fab_g.nview);
   if (!fab_g.up || n == 0) {
     FAB_WARN("%s: the plugin is not initialized (call init first)", fn);
     return NULL;
   }
-  if (dev < 0 || dev >= n) {
+  int idx = fab_device_index(dev);
+  if (idx < 0) {
     fab_bad_argument(fn, "dev", dev, n == 1 ? "0 (one device)" : "a device index below devices()");
     return NULL;
   }
-  return fab_g.devs[dev];
+  return fab_g.devs[idx];
+}
+
+int fab_device_first_rail(int dev, const char* fn) {
+  fab_device* d = fab_device_get(dev, fn);
+  return !d ? -1 : d->physical ? d->index : d->members[0];
 }
 
 static fab_result endpoint_get(fab_device* dev, fab_endpoint** out) {
@@ -49,7 +55,8 @@ static fab_result endpoint_get(fab_device* dev, fab_endpoint** out) {
 fab_result fab_ctx_endpoint(fab_ctx* handle, int dev, const char* fn, fab_ctx** ctx, fab_device** d,
                             fab_endpoint** ep) {
   *ctx = fab_ctx_resolve(handle, fn);
-  *d = *ctx ? fab_device_get(dev, fn) : NULL;
+  *d = *ctx && dev >= 0 && dev < atomic_load(&fab_g.ndevs) ? fab_g.devs[dev] : NULL;
+  if (*ctx && !*d) FAB_WARN("%s: device %d is not one of ours (0..%d)", fn, dev, atomic_load(&fab_g.ndevs) - 1);
   if (!*d) return FAB_ERR_INTERNAL;
   return endpoint_get(*d, ep);
 }

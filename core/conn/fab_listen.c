@@ -74,8 +74,19 @@ fab_result fab_conn_listen(fab_ctx* ctx_handle, int dev, void* handle, int rails
   return listen_in(ctx_handle, dev, handle, FAB_HANDLE_SIZE, rails, rail, rail_handles, listen_comm);
 }
 
+static fab_result listen_first_rail(fab_ctx* ctx_handle, int dev, void* handle, size_t size, void** listen_comm) {
+  if (listen_comm) *listen_comm = NULL;
+  int idx = fab_device_first_rail(dev, "listen");
+  if (idx < 0) return FAB_ERR_INTERNAL;
+  return listen_in(ctx_handle, idx, handle, size, 1, 0, NULL, listen_comm);
+}
+
 fab_result fab_listen_short(fab_ctx* ctx_handle, int dev, void* handle, void** listen_comm) {
-  return listen_in(ctx_handle, dev, handle, FAB_HANDLE_SIZE_V4, 1, 0, NULL, listen_comm);
+  return listen_first_rail(ctx_handle, dev, handle, FAB_HANDLE_SIZE_V4, listen_comm);
+}
+
+fab_result fab_listen_one_rail(fab_ctx* ctx_handle, int dev, void* handle, void** listen_comm) {
+  return listen_first_rail(ctx_handle, dev, handle, FAB_HANDLE_SIZE, listen_comm);
 }
 
 /* --- accept ----------------------------------------------------------------- */

@@ -347,12 +347,13 @@ static const char* unfit_reason(const struct fi_info* list, const char* prov, co
   return why;
 }
 
-/* FABRIC_RAILS (tests and benchmarks on one host): every device found is
- * listed rails - 1 more times; each copy opens its own domain and endpoint,
- * so copies fused by makeVDevice are rails with their own progress. */
-static void add_rail_copies(const fab_transport_ops* t) {
+/* FABRIC_RAILS (tests and benchmarks on one host) and FABRIC_NIC_RAILS:
+ * every device found is listed copies - 1 more times; each copy opens its
+ * own domain and endpoint, so copies fused are rails with their own
+ * progress. */
+static void add_rail_copies(const fab_transport_ops* t, int copies) {
   int n = fab_g.nphys;
-  for (int rail = 1; rail < fab_g.params.rails; rail++) {
+  for (int rail = 1; rail < copies; rail++) {
     for (int i = 0; i < n; i++) {
       const fab_device* orig = fab_g.devs[i];
       if (add_device(orig->info, t, rail) != 0) return;
@@ -363,6 +364,33 @@ static void add_rail_copies(const fab_transport_ops* t) {
   if (fab_g.params.rails > 1)
     FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "FABRIC_RAILS=%d: %d devices, copies of %d (for tests: fuse copies "
              "with makeVDevice to get rails on one NIC)", fab_g.params.rails, fab_g.nphys, n);
+}
+
+static fab_device* fused_device(const int* members, int n, int one_nic);
+
+/* What the runtime sees: with FABRIC_NIC_RAILS=N, one device per NIC made of
+ * the NIC's N copies (the NIC's name, PCI path and speed); else every
+ * device. */
+static void make_view(int nics) {
+  int rails = fab_g.params.nic_rails;
+  atomic_store(&fab_g.nview, 0);
+  for (int i = 0; i < nics; i++) {
+    int idx = i;
+    if (rails > 1) {
+      int members[FAB_MAX_VDEV_DEVS];
+      for (int k = 0; k < rails; k++) members[k] = i + k * nics;
+      fab_device* d = fused_device(members, rails, 1);
+      if (!d) break;
+      idx = d->index;
+    }
+    fab_g.view[i] = idx;
+    fab_g.devs[idx]->props.vprops.ndevs = 1; /* one NIC, as the runtime counts */
+    fab_g.devs[idx]->props.vprops.devs[0] = i;
+    atomic_store(&fab_g.nview, i + 1);
+  }
+  if (rails > 1)
+    FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "FABRIC_NIC_RAILS=%d: the runtime sees %d device(s), each %d rails "
+             "over one NIC", rails, atomic_load(&fab_g.nview), rails);
 }
 
 fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncands) {
@@ -415,7 +443,12 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
     fab_g.devs[fab_g.nphys - 1]->local_only = remote == NULL;
     fab_g.devs[fab_g.nphys - 1]->ordered_writes = ordered != NULL;
   }
-  add_rail_copies(t);
+  int nics = fab_g.nphys;
+  if (fab_g.params.nic_rails > 1 && fab_g.params.rails > 1)
+    FAB_WARN("FABRIC_NIC_RAILS=%d and FABRIC_RAILS=%d: they do not combine; using FABRIC_NIC_RAILS",
+             fab_g.params.nic_rails, fab_g.params.rails);
+  add_rail_copies(t, fab_g.params.nic_rails > 1 ? fab_g.params.nic_rails : fab_g.params.rails);
+  make_view(fab_g.params.nic_rails > 1 ? nics : fab_g.nphys);
   const char* unfit = fab_g.nphys == 0 ? unfit_reason(list, prov, t) : NULL;
   if (fab_g.nphys == 0)
     FAB_WARN("provider %s offers no domain that can run transport %s (%s); choose another FABRIC_TRANSPORT or "
@@ -501,51 +534,68 @@ void fab_devices_release(void) {
     fab_g.devs[i] = NULL;
   }
   atomic_store(&fab_g.ndevs, 0);
+  atomic_store(&fab_g.nview, 0);
   fab_g.nphys = 0;
 }
 
 
 /* --- virtual devices ------------------------------------------------------ */
 
-static fab_result check_vprops(const fab_vdevice_props* vp) {
+/* Our physical members of the runtime's devices vp->devs (a device of the
+ * runtime's that is itself several rails brings all of them), or -1 with
+ * one WARN. */
+static int vdevice_members(const fab_vdevice_props* vp, int* members) {
   if (vp->ndevs < 2 || vp->ndevs > FAB_MAX_VDEV_DEVS) {
     FAB_WARN("makeVDevice: ndevs %d out of range 2..%d", vp->ndevs, FAB_MAX_VDEV_DEVS);
-    return FAB_ERR_INVALID_USAGE;
+    return -1;
   }
+  int n = 0;
   for (int i = 0; i < vp->ndevs; i++) {
-    if (vp->devs[i] < 0 || vp->devs[i] >= fab_g.nphys) {
-      FAB_WARN("makeVDevice: devs[%d] = %d is not a physical device (0..%d)", i, vp->devs[i], fab_g.nphys - 1);
-      return FAB_ERR_INVALID_USAGE;
+    int idx = fab_device_index(vp->devs[i]);
+    if (idx < 0) {
+      FAB_WARN("makeVDevice: devs[%d] = %d is not a device (0..%d)", i, vp->devs[i], atomic_load(&fab_g.nview) - 1);
+      return -1;
     }
     for (int j = 0; j < i; j++) {
       if (vp->devs[j] == vp->devs[i]) {
         FAB_WARN("makeVDevice: device %d listed twice", vp->devs[i]);
-        return FAB_ERR_INVALID_USAGE;
+        return -1;
       }
     }
+    const fab_device* d = fab_g.devs[idx];
+    if (!d->physical && d->props.vprops.ndevs > 1) {
+      FAB_WARN("makeVDevice: devs[%d] = %d is itself a virtual device; fuse physical devices", i, vp->devs[i]);
+      return -1;
+    }
+    int nm = d->physical ? 1 : d->nmembers;
+    if (n + nm > FAB_MAX_VDEV_DEVS) {
+      FAB_WARN("makeVDevice: %d devices of %d rails each make more than %d rails; lower FABRIC_NIC_RAILS or fuse "
+               "fewer devices", vp->ndevs, nm, FAB_MAX_VDEV_DEVS);
+      return -1;
+    }
+    for (int k = 0; k < nm; k++) members[n++] = d->physical ? idx : d->members[k];
   }
-  return FAB_OK;
+  return n;
 }
 
 /* Caller holds the engine lock. A comm on a virtual device runs one rail
- * per member (fab_rails.c), so the device reports the members' summed speed;
- * its PCI path and guid are the first member's and its name joins the
- * members' with '+', as NCCL's own fused IB devices do; the rest of the
+ * per member (fab_rails.c). Fused NICs (makeVDevice): the members' summed
+ * speed, the first member's PCI path and guid, and a name joining the
+ * members' with '+', as NCCL's own fused IB devices do. Rails of one NIC
+ * (one_nic, FABRIC_NIC_RAILS): that NIC's speed and name. The rest of the
  * properties are the members' common ground. */
-fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out) {
-  fab_result rc = check_vprops(vp);
-  if (rc != FAB_OK) return rc;
+static fab_device* fused_device(const int* members, int n, int one_nic) {
   int idx = atomic_load(&fab_g.ndevs);
   if (idx >= FAB_MAX_DEVICES) {
     FAB_WARN("makeVDevice: device table full (%d devices)", FAB_MAX_DEVICES);
-    return FAB_ERR_INVALID_USAGE;
+    return NULL;
   }
   fab_device* d = calloc(1, sizeof(*d));
   if (!d) {
     FAB_WARN("makeVDevice: out of memory");
-    return FAB_ERR_SYSTEM;
+    return NULL;
   }
-  const fab_device* first = fab_g.devs[vp->devs[0]];
+  const fab_device* first = fab_g.devs[members[0]];
   *d = *first;
   d->index = idx;
   d->physical = 0;
@@ -553,28 +603,49 @@ fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out) {
   d->info = NULL;
   d->dom = NULL;
   d->pci_path = first->pci_path ? strdup(first->pci_path) : NULL;
+  d->nmembers = n;
   size_t used = 0;
   long long speed = 0;
-  for (int i = 0; i < vp->ndevs; i++) {
-    const fab_device* m = fab_g.devs[vp->devs[i]];
-    used += (size_t)snprintf(d->name + used, sizeof(d->name) - used, "%s%s", i ? "+" : "", m->name);
-    if (used >= sizeof(d->name)) used = sizeof(d->name) - 1;
+  for (int i = 0; i < n; i++) {
+    const fab_device* m = fab_g.devs[members[i]];
+    d->members[i] = members[i];
+    if (!one_nic) {
+      used += (size_t)snprintf(d->name + used, sizeof(d->name) - used, "%s%s", i ? "+" : "", m->name);
+      if (used >= sizeof(d->name)) used = sizeof(d->name) - 1;
+    }
     speed += m->props.speed_mbps;
     d->props.ptr_support &= m->props.ptr_support;
     if (m->props.max_comms < d->props.max_comms) d->props.max_comms = m->props.max_comms;
     if (m->props.max_p2p_bytes < d->props.max_p2p_bytes) d->props.max_p2p_bytes = m->props.max_p2p_bytes;
     if (m->props.max_coll_bytes < d->props.max_coll_bytes) d->props.max_coll_bytes = m->props.max_coll_bytes;
   }
+  if (one_nic) speed = first->props.speed_mbps;
   d->props.name = d->name;
   d->props.pci_path = d->pci_path;
   d->props.guid = first->props.guid;
   d->props.speed_mbps = speed > INT_MAX ? INT_MAX : (int)speed;
-  d->props.vprops = *vp;
-  for (int i = vp->ndevs; i < FAB_MAX_VDEV_DEVS; i++) d->props.vprops.devs[i] = 0;
   fab_g.devs[idx] = d;
   atomic_store(&fab_g.ndevs, idx + 1);
-  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "virtual device %d = %s: %d rails, %d Mb/s", idx, d->name, vp->ndevs,
-           d->props.speed_mbps);
-  *out = idx;
+  FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "virtual device %d = %s: %d rails%s, %d Mb/s", idx, d->name, n,
+           one_nic ? " over one NIC" : "", d->props.speed_mbps);
+  return d;
+}
+
+fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out) {
+  int members[FAB_MAX_VDEV_DEVS];
+  int n = vdevice_members(vp, members);
+  if (n < 0) return FAB_ERR_INVALID_USAGE;
+  int view = atomic_load(&fab_g.nview);
+  if (view >= FAB_MAX_DEVICES) {
+    FAB_WARN("makeVDevice: device table full (%d devices)", FAB_MAX_DEVICES);
+    return FAB_ERR_INVALID_USAGE;
+  }
+  fab_device* d = fused_device(members, n, 0);
+  if (!d) return FAB_ERR_SYSTEM;
+  d->props.vprops = *vp;
+  for (int i = vp->ndevs; i < FAB_MAX_VDEV_DEVS; i++) d->props.vprops.devs[i] = 0;
+  fab_g.view[view] = d->index;
+  atomic_store(&fab_g.nview, view + 1);
+  *out = view;
   return FAB_OK;
 }

@@ -143,7 +143,9 @@ typedef struct fab_device {
   int ordered_writes;    /* FI_ORDER_WAW asked and granted: RMA writes to a peer are placed in order */
   uint64_t write_flags;  /* FI_DELIVERY_COMPLETE where a write would complete before the peer holds it */
   uint32_t prov_hash;
-  fab_properties props;
+  fab_properties props;   /* as the runtime sees it: vprops in its device indices */
+  int nmembers;           /* a virtual device's rails: our indices of its physical members; 0 when physical */
+  int members[FAB_MAX_VDEV_DEVS];
   char name[FAB_NAME_MAX];
   char* pci_path;
 } fab_device;
@@ -388,6 +390,10 @@ typedef struct fab_engine {
   fab_device* devs[FAB_MAX_DEVICES];
   _Atomic int ndevs;
   int nphys;
+  /* the runtime's device indices: view[i] is ours of its device i (with FABRIC_NIC_RAILS, a NIC's rails fused;
+   * else every device, in order); makeVDevice appends */
+  int view[FAB_MAX_DEVICES];
+  _Atomic int nview;
   fab_list ctxs;
   /* one endpoint per physical device, shared by every context, created on
    * first use and closed when the engine goes down */
@@ -438,7 +444,12 @@ void fab_devices_release(void);
 fab_result fab_domain_open(fab_device* dev);
 /* Gives back the pages a truncated receive wrote into the domain's sink. */
 void fab_domain_sink_release(fab_domain* dom);
-fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out); /* engine lock held */
+/* makeVDevice: vp and *out in the runtime's device indices. Engine lock held. */
+fab_result fab_vdevice_create(const fab_vdevice_props* vp, int* out);
+/* Our index of the runtime's device dev, or -1 (no WARN). */
+static inline int fab_device_index(int dev) {
+  return dev >= 0 && dev < atomic_load_explicit(&fab_g.nview, memory_order_acquire) ? fab_g.view[dev] : -1;
+}
 
 /* fab_endpoint.c */
 fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_endpoint** out);

@@ -84,7 +84,7 @@ static fab_result engine_up(void) {
   int onesided = d0->ops->onesided_data != NULL;
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
            "engine up: %d devices on %s, CUDA %s; one-sided calls (RMA, GIN proxy, Neuron iwrite/iread): %s%s",
-           fab_g.nphys, fab_device_provider(d0), fab_g.cuda_ok ? "usable" : "not usable",
+           atomic_load(&fab_g.nview), fab_device_provider(d0), fab_g.cuda_ok ? "usable" : "not usable",
            onesided ? "yes" : "no [needs_rdma_transport]: they need the rdma transport, and this device runs sendrecv",
            onesided && d0->cq_narrow ? ", in the 4-byte CQ data format" : "");
   return FAB_OK;
@@ -297,7 +297,7 @@ fab_result fab_devices(int* ndev) {
     FAB_WARN("devices: the plugin is not initialized (call init first)");
     return FAB_ERR_INTERNAL;
   }
-  *ndev = atomic_load(&fab_g.ndevs);
+  *ndev = atomic_load(&fab_g.nview);
   return FAB_OK;
 }
 

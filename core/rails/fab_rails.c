@@ -11,13 +11,9 @@
 
 #include "fab_conn.h"
 
-/* Rails of device dev: its members when it is a virtual device of several,
- * else 1 (also for a bad index: the single-rail call WARNs about it). */
-static int rails_of(int dev) {
-  if (dev < 0 || dev >= atomic_load(&fab_g.ndevs)) return 1;
-  const fab_device* d = fab_g.devs[dev];
-  return d && !d->physical && d->props.vprops.ndevs > 1 ? d->props.vprops.ndevs : 1;
-}
+/* Rails of device d: its members when it is a virtual device of several,
+ * else 1. */
+static int rails_of(const fab_device* d) { return d && !d->physical && d->nmembers > 1 ? d->nmembers : 1; }
 
 static void close_members(void** handles, int n, fab_obj_kind kind) {
   for (int k = 0; k < n; k++) {
@@ -81,12 +77,12 @@ static fab_result rails_listen(fab_ctx* ctx, fab_device* d, void* handle, void**
   }
   l->magic = FAB_RAILS_MAGIC;
   l->dev = d;
-  l->n = d->props.vprops.ndevs;
+  l->n = d->nmembers;
   uint8_t handles[FAB_MAX_RAILS][FAB_HANDLE_SIZE];
   memset(handles, 0, sizeof(handles));
   fab_result rc = FAB_OK;
   for (int k = l->n - 1; k >= 0 && rc == FAB_OK; k--) /* rail 0 last: its answers carry the others' handles */
-    rc = fab_conn_listen(ctx, d->props.vprops.devs[k], k ? handles[k] : handle, l->n, k, handles[1], &l->listen[k]);
+    rc = fab_conn_listen(ctx, d->members[k], k ? handles[k] : handle, l->n, k, handles[1], &l->listen[k]);
   if (rc == FAB_OK && !(l->handle = fab_obj_add(FAB_OBJ_RAILS_LISTEN, l))) {
     FAB_WARN("listen: handle table full; close unused comms");
     rc = FAB_ERR_SYSTEM;
@@ -219,7 +215,7 @@ static fab_result take_rail_handles(rails_pending* p) {
 
 static fab_result rails_connect(fab_ctx* ctx, fab_device* d, const fab_comm_config* config, void* handle,
                                 void** send_comm) {
-  int n = d->props.vprops.ndevs;
+  int n = d->nmembers;
   rails_pending* p = pending_get(ctx, handle, n);
   if (!p) {
     FAB_WARN("connect: out of memory");
@@ -229,7 +225,7 @@ static fab_result rails_connect(fab_ctx* ctx, fab_device* d, const fab_comm_conf
   while (rc == FAB_OK && p->nconnected < n) {
     int k = p->nconnected;
     void* s = NULL;
-    rc = fab_conn_connect(ctx, d->props.vprops.devs[k], config, k ? p->handles[k - 1] : handle, n, k, &s);
+    rc = fab_conn_connect(ctx, d->members[k], config, k ? p->handles[k - 1] : handle, n, k, &s);
     if (rc != FAB_OK || !s) break;
     p->sends[p->nconnected++] = s;
     if (k == 0 && n > 1) rc = take_rail_handles(p);
@@ -241,20 +237,25 @@ static fab_result rails_connect(fab_ctx* ctx, fab_device* d, const fab_comm_conf
 
 /* --- the public calls ------------------------------------------------------------- */
 
+/* The runtime's device index dev is ours through the view (fab_device_index). */
 fab_result fab_listen(fab_ctx* ctx, int dev, void* handle, void** listen_comm) {
-  if (rails_of(dev) == 1 || !listen_comm || !handle) return fab_conn_listen(ctx, dev, handle, 1, 0, NULL, listen_comm);
-  *listen_comm = NULL;
+  if (listen_comm) *listen_comm = NULL;
+  fab_device* d = fab_device_get(dev, "listen");
+  if (!d) return FAB_ERR_INTERNAL;
+  if (rails_of(d) == 1 || !listen_comm || !handle) return fab_conn_listen(ctx, d->index, handle, 1, 0, NULL, listen_comm);
   if (!fab_ctx_resolve(ctx, "listen")) return FAB_ERR_INVALID_USAGE;
-  return rails_listen(ctx, fab_g.devs[dev], handle, listen_comm);
+  return rails_listen(ctx, d, handle, listen_comm);
 }
 
 fab_result fab_connect(fab_ctx* ctx, int dev, const fab_comm_config* config, void* handle, void** send_comm,
                        void** dev_handle) {
   (void)dev_handle;
-  if (rails_of(dev) == 1 || !send_comm || !handle) return fab_conn_connect(ctx, dev, config, handle, 1, 0, send_comm);
-  *send_comm = NULL;
+  if (send_comm) *send_comm = NULL;
+  fab_device* d = fab_device_get(dev, "connect");
+  if (!d) return FAB_ERR_INTERNAL;
+  if (rails_of(d) == 1 || !send_comm || !handle) return fab_conn_connect(ctx, d->index, config, handle, 1, 0, send_comm);
   if (!fab_ctx_resolve(ctx, "connect")) return FAB_ERR_INVALID_USAGE;
-  return rails_connect(ctx, fab_g.devs[dev], config, handle, send_comm);
+  return rails_connect(ctx, d, config, handle, send_comm);
 }
 
 fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {

@@ -20,6 +20,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->peer_timeout_ms = 30000;
   params->local_send_endpoints = 16;
   params->rails = 1;
+  params->nic_rails = 1;
   params->rail_threads = 0;
   params->stripe_threshold = 4194304u;
   params->stripe_size = 131072u;
@@ -44,6 +45,7 @@ const char* const fab_param_names[] = {
     "FABRIC_PEER_TIMEOUT_MS",
     "FABRIC_LOCAL_SEND_ENDPOINTS",
     "FABRIC_RAILS",
+    "FABRIC_NIC_RAILS",
     "FABRIC_RAIL_THREADS",
     "FABRIC_STRIPE_THRESHOLD",
     "FABRIC_STRIPE_SIZE",
@@ -210,6 +212,19 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->rails = (int)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_NIC_RAILS")) != NULL) {
+    long long v;
+    if (parse_int(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_NIC_RAILS=%s is not an integer; using 1", s);
+      bad++;
+    } else if (v < 1 || v > 8) {
+      complain(errbuf, errbuf_size, "FABRIC_NIC_RAILS=%s is outside %d..%d; using 1", s, 1, 8);
+      bad++;
+    } else {
+      params->nic_rails = (int)v;
     }
   }
 

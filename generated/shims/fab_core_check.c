@@ -113,6 +113,10 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_listen), fab_result (*)(fab_ctx*, i
                "abi/core.toml: fab_listen differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_connect), fab_result (*)(fab_ctx*, int, const fab_comm_config*, void*, void**, void**)),
                "abi/core.toml: fab_connect differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_listen_one_rail), fab_result (*)(fab_ctx*, int, void*, void**)),
+               "abi/core.toml: fab_listen_one_rail differs from fab_core.h");
+_Static_assert(FAB_SAME_TYPE(__typeof__(&fab_connect_one_rail), fab_result (*)(fab_ctx*, int, const fab_comm_config*, void*, void**, void**)),
+               "abi/core.toml: fab_connect_one_rail differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_accept), fab_result (*)(void*, void**, void**)),
                "abi/core.toml: fab_accept differs from fab_core.h");
 _Static_assert(FAB_SAME_TYPE(__typeof__(&fab_close_send), fab_result (*)(void*)),
@@ -250,8 +254,8 @@ _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->get_properties), __ty
                "fab_rma_api.get_properties does not have the signature of fab_rma_get_properties");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->get_rma_properties), __typeof__(&fab_group_rma_properties)),
                "fab_rma_api.get_rma_properties does not have the signature of fab_group_rma_properties");
-_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->listen), __typeof__(&fab_listen)),
-               "fab_rma_api.listen does not have the signature of fab_listen");
+_Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->listen), __typeof__(&fab_listen_one_rail)),
+               "fab_rma_api.listen does not have the signature of fab_listen_one_rail");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->connect), __typeof__(&fab_group_connect)),
                "fab_rma_api.connect does not have the signature of fab_group_connect");
 _Static_assert(FAB_SAME_TYPE(__typeof__(((fab_rma_api*)0)->create_context), __typeof__(&fab_rma_create_context)),

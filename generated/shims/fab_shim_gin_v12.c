@@ -51,7 +51,7 @@ static ncclResult_t gin_v12_getProperties(int dev, ncclNetProperties_v11_t* prop
 }
 
 static ncclResult_t gin_v12_listen(void* ctx, int dev, void* handle, void** listenComm) {
-  return (ncclResult_t)fab_listen((fab_ctx*)ctx, dev, handle, listenComm);
+  return (ncclResult_t)fab_listen_one_rail((fab_ctx*)ctx, dev, handle, listenComm);
 }
 
 static ncclResult_t gin_v12_connect(void* ctx, void* handles[], int nranks, int rank, int nConnections, int queueDepth, void* listenComm, void** collComm) {

@@ -44,11 +44,11 @@ static ncclResult_t neuron_v5_getProperties(int dev, ncclNeuronNetProperties_v5_
 }
 
 static ncclResult_t neuron_v5_listen(int dev, void* handle, void** listenComm) {
-  return (ncclResult_t)fab_listen(NULL, dev, handle, listenComm);
+  return (ncclResult_t)fab_listen_one_rail(NULL, dev, handle, listenComm);
 }
 
 static ncclResult_t neuron_v5_connect(int dev, void* handle, void** sendComm) {
-  return (ncclResult_t)fab_connect(NULL, dev, NULL, handle, sendComm, NULL);
+  return (ncclResult_t)fab_connect_one_rail(NULL, dev, NULL, handle, sendComm, NULL);
 }
 
 static ncclResult_t neuron_v5_accept(void* listenComm, void** recvComm) {

@@ -48,11 +48,11 @@ static ncclResult_t neuron_v6_getProperties(int dev, ncclNeuronNetProperties_v6_
 }
 
 static ncclResult_t neuron_v6_listen(int dev, void* handle, void** listenComm) {
-  return (ncclResult_t)fab_listen(NULL, dev, handle, listenComm);
+  return (ncclResult_t)fab_listen_one_rail(NULL, dev, handle, listenComm);
 }
 
 static ncclResult_t neuron_v6_connect(int dev, void* handle, void** sendComm) {
-  return (ncclResult_t)fab_connect(NULL, dev, NULL, handle, sendComm, NULL);
+  return (ncclResult_t)fab_connect_one_rail(NULL, dev, NULL, handle, sendComm, NULL);
 }
 
 static ncclResult_t neuron_v6_accept(void* listenComm, void** recvComm) {

@@ -53,7 +53,7 @@ static ncclResult_t rma_v13_getProperties(int dev, ncclNetProperties_v12_t* prop
 }
 
 static ncclResult_t rma_v13_listen(void* ctx, int dev, void* handle, void** listenComm) {
-  return (ncclResult_t)fab_listen((fab_ctx*)ctx, dev, handle, listenComm);
+  return (ncclResult_t)fab_listen_one_rail((fab_ctx*)ctx, dev, handle, listenComm);
 }
 
 static ncclResult_t rma_v13_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm) {

@@ -65,7 +65,7 @@ static ncclResult_t rma_v17_getProperties(int dev, ncclNetProperties_v12_t* prop
 }
 
 static ncclResult_t rma_v17_listen(void* ctx, int dev, void* handle, void** listenComm) {
-  return (ncclResult_t)fab_listen((fab_ctx*)ctx, dev, handle, listenComm);
+  return (ncclResult_t)fab_listen_one_rail((fab_ctx*)ctx, dev, handle, listenComm);
 }
 
 static ncclResult_t rma_v17_connect(void* ctx, void* handles[], int nranks, int rank, void* listenComm, void** collComm, volatile uint32_t* abortFlag) {

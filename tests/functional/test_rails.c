@@ -187,6 +187,49 @@ FT_PAIR_TEST(rails_transfers, 120) {
   ft_side_close(&s);
 }
 
+/* FABRIC_NIC_RAILS=4: the runtime sees the devices it would see without it,
+ * with the same name, PCI path, speed and guid, each one NIC as NCCL counts
+ * (vProps: itself), while a comm on one carries its messages over four
+ * rails, each with its own endpoint and connection: every byte checked, and
+ * through the profiler events every rail seen carrying traffic. */
+static int same_str(const char* a, const char* b) { return (!a && !b) || (a && b && !strcmp(a, b)); }
+
+FT_PAIR_TEST(rails_nic, 120) {
+  ft_side s;
+  ft_side_open(&s, peer, ft_api_selected());
+  int ndev = s.ndev;
+  fab_properties one = s.props;
+  char name[FAB_NAME_MAX], pci[FAB_NAME_MAX];
+  snprintf(name, sizeof name, "%s", one.name ? one.name : "");
+  snprintf(pci, sizeof pci, "%s", one.pci_path ? one.pci_path : "");
+  ft_side_close(&s);
+  setenv("FABRIC_NIC_RAILS", "4", 1);
+  ft_side_open(&s, peer, ft_api_selected());
+  FT_CHECK(s.ndev == ndev, "FABRIC_NIC_RAILS=4: %d devices, %d without it", s.ndev, ndev);
+  FT_CHECK(same_str(s.props.name, name) && same_str(s.props.pci_path, one.pci_path ? pci : NULL),
+           "device 0 is %s at %s, and %s at %s without FABRIC_NIC_RAILS", s.props.name,
+           s.props.pci_path ? s.props.pci_path : "(none)", name, one.pci_path ? pci : "(none)");
+  FT_CHECK(s.props.speed_mbps == one.speed_mbps && s.props.guid == one.guid,
+           "device 0 reports %d Mb/s and guid %llx; %d and %llx without FABRIC_NIC_RAILS", s.props.speed_mbps,
+           (unsigned long long)s.props.guid, one.speed_mbps, (unsigned long long)one.guid);
+  if (s.api->make_vdevice)
+    FT_CHECK(s.props.vprops.ndevs == 1 && s.props.vprops.devs[0] == 0, "device 0's vProps: %d devices, first %d",
+             s.props.vprops.ndevs, s.props.vprops.devs[0]);
+  int profiled = ft_net_since(&s.lib, 10);
+  fab_ctx* ctx2 = NULL;
+  if (profiled) FT_OK(s.api->init(&ctx2, 0x7a12, &s.config, ft_logger, note_rail));
+  ft_conn c;
+  ft_connect_all(&s, &c, 1, T_MS);
+  g_rails_seen = 0;
+  stream(&s, &c);
+  grouped(&s, &c);
+  if (profiled) FT_CHECK(g_rails_seen == 0xf, "the operations ran on rails 0x%x of a NIC of 4", g_rails_seen);
+  ft_sync(peer, "nic rails", T_MS);
+  ft_close_all(&s, &c, 1);
+  if (ctx2 && s.api->finalize) FT_OK(s.api->finalize(ctx2));
+  ft_side_close(&s);
+}
+
 /* --- stripes ------------------------------------------------------------------
  * Each rank sends with its own FABRIC_STRIPE_THRESHOLD (parent 64 KiB, child
  * 512 KiB): a receiver must use its sender's, which the handshake carries.
