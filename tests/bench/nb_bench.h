@@ -73,7 +73,9 @@ typedef struct {
 extern nb_cfg cfg;
 extern char plugin_path[4096];
 extern char plugin_b_path[4096];
-extern char plugin_b_env[512];
+enum { NB_ENV_B_MAX = 8 };
+extern char plugin_b_env[NB_ENV_B_MAX][256];
+extern int plugin_b_nenv;
 extern int ctl;                /* control socket to the other rank */
 extern volatile int finishing; /* set before the last barrier: the watchdog stands down */
 

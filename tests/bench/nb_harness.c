@@ -17,7 +17,8 @@ const char* const mode_name[NMODES] = {"raw", "plugin", "plugin-b"};
 nb_cfg cfg;
 char plugin_path[4096];
 char plugin_b_path[4096];
-char plugin_b_env[512]; /* NAME=VALUE set while plugin-b initialises */
+char plugin_b_env[NB_ENV_B_MAX][256]; /* NAME=VALUE each, set while plugin-b initialises */
+int plugin_b_nenv;
 int ctl = -1;
 nb_mode modes[NMODES];
 point_t points[MAX_POINTS];
@@ -255,17 +256,22 @@ void xport_open(int m) {
   memset(&modes[m], 0, sizeof(modes[m]));
   if (m == M_RAW) {
     nb_raw_open(&modes[m].x, &o);
-  } else if (m == M_PLUGIN_B && plugin_b_env[0]) {
-    char name[512];
-    snprintf(name, sizeof(name), "%s", plugin_b_env);
-    *strchr(name, '=') = '\0';
-    const char* old = getenv(name);
-    char* saved = old ? strdup(old) : NULL;
-    setenv(name, strchr(plugin_b_env, '=') + 1, 1);
+  } else if (m == M_PLUGIN_B && plugin_b_nenv > 0) {
+    char* saved[NB_ENV_B_MAX] = {0};
+    char names[NB_ENV_B_MAX][256];
+    for (int i = 0; i < plugin_b_nenv; i++) {
+      snprintf(names[i], sizeof(names[i]), "%s", plugin_b_env[i]);
+      *strchr(names[i], '=') = '\0';
+      const char* old = getenv(names[i]);
+      saved[i] = old ? strdup(old) : NULL;
+      setenv(names[i], strchr(plugin_b_env[i], '=') + 1, 1);
+    }
     nb_plugin_open(&modes[m].x, &o); /* the plugin reads its parameters at init */
-    if (saved) setenv(name, saved, 1);
-    else unsetenv(name);
-    free(saved);
+    for (int i = 0; i < plugin_b_nenv; i++) {
+      if (saved[i]) setenv(names[i], saved[i], 1);
+      else unsetenv(names[i]);
+      free(saved[i]);
+    }
   } else {
     nb_plugin_open(&modes[m].x, &o);
   }

@@ -250,7 +250,7 @@ static void usage(FILE* f) {
           "                       registered through a dma-buf fd (regMrDmaBuf, FI_MR_DMABUF); needs a libfabric with CUDA,\n"
           "                       and FABRIC_GPU_MEMORY=1 on shm. Sampled words only in the first and last\n"
           "                       transfer of a run (each is a driver copy), plus the full-buffer check\n"
-          "  --env-b NAME=VALUE   set in the environment while plugin-b initialises only (e.g.\n"
+          "  --env-b NAME=VALUE   set in the environment while plugin-b initialises only (repeatable; e.g.\n"
           "                       FABRIC_TRANSPORT=sendrecv on a copy of the same library: transports A/B)\n"
           "  --tests LIST         lat,bw,bibw,rate,setup,mr,mem (default all)\n"
           "  --reps N             repetitions per mode, interleaved (default 5)\n"
@@ -467,7 +467,8 @@ int main(int argc, char** argv) {
         break;
       case O_ENV_B:
         if (!strchr(optarg, '=')) nb_die("--env-b wants NAME=VALUE, got %s", optarg);
-        snprintf(plugin_b_env, sizeof(plugin_b_env), "%s", optarg);
+        if (plugin_b_nenv == NB_ENV_B_MAX) nb_die("--env-b: at most %d", NB_ENV_B_MAX);
+        snprintf(plugin_b_env[plugin_b_nenv++], sizeof(plugin_b_env[0]), "%s", optarg);
         break;
       case O_CPUS:
         if (sscanf(optarg, "%d,%d", &cpus[0], &cpus[1]) < 1) nb_die("--cpus wants A[,B]");
