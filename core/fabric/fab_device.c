@@ -182,6 +182,7 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   d->mr_local = !!(fi->domain_attr->mr_mode & FI_MR_LOCAL) || fab_nic_profile_mr_local();
   d->mr_endpoint = !!(fi->domain_attr->mr_mode & FI_MR_ENDPOINT) || fab_nic_profile_mr_endpoint();
   d->mr_endpoint_emulated = d->mr_endpoint && !(fi->domain_attr->mr_mode & FI_MR_ENDPOINT);
+  d->mr_local_emulated = d->mr_local && !(fi->domain_attr->mr_mode & FI_MR_LOCAL);
   d->mr_hmem = !!(fi->domain_attr->mr_mode & FI_MR_HMEM);
   d->prov_key = !!(fi->domain_attr->mr_mode & FI_MR_PROV_KEY);
   d->hmem = !!(fi->caps & FI_HMEM);
@@ -464,7 +465,10 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
  * as large as the largest message we let a peer send, reserved but not
  * backed, so it costs address space only until a peer oversteps. */
 static void open_sink(const fab_device* d, fab_domain* dom) {
-  if (d->mr_local || d->info->rx_attr->iov_limit < 2) return;
+  /* Not where every buffer must be registered: a region of maxP2pBytes would be pinned. Under a NIC profile's
+   * FI_MR_LOCAL on a carrier that needs none, it stays: the carriers here fault on a truncated receive (tcp 1.17
+   * drops the connection, shm 1.17 hangs the sender), where EFA and verbs report it and go on. */
+  if ((d->mr_local && !d->mr_local_emulated) || d->info->rx_attr->iov_limit < 2) return;
   size_t len = fab_g.params.max_p2p_bytes;
   void* p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {

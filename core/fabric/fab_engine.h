@@ -125,6 +125,7 @@ typedef struct fab_device {
   void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);
   fab_tag_layout tags;
   int mr_local;          /* FI_MR_LOCAL: every buffer needs a descriptor */
+  int mr_local_emulated; /* FABRIC_NIC_PROFILE imposed it: the carrier itself needs no registration */
   int mr_endpoint;       /* FI_MR_ENDPOINT (cxi): a registration serves the one endpoint it is bound to */
   int mr_endpoint_emulated; /* FABRIC_NIC_PROFILE imposed it: registrations are kept per endpoint and checked,
                              * but the carrier is not asked to bind them */
