@@ -119,3 +119,9 @@ void fab_req_warn(fab_req_head* h, const fab_req_steps* s, fab_result rc) {
   buf[0] = 0;
   if (s->explain(h, rc, buf, sizeof(buf))) FAB_WARN("%s", buf);
 }
+
+fab_result fab_req_refuse_closed(const fab_req_head* h) {
+  FAB_WARN("test: request %p belongs to a comm that was closed; a closed comm's requests cannot be tested",
+           (const void*)h);
+  return FAB_ERR_INTERNAL;
+}

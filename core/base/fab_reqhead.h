@@ -132,6 +132,8 @@ typedef struct fab_req_steps {
 } fab_req_steps;
 
 void fab_req_warn(fab_req_head* h, const fab_req_steps* s, fab_result rc);
+/* The runtime tested h after closing its comm: one WARN, and the error. */
+fab_result fab_req_refuse_closed(const fab_req_head* h);
 
 /* The steps of a request made of other requests (the rails' grouped receive
  * and split send): its parts' own tests watch liveness, give up and WARN, so

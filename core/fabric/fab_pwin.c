@@ -225,11 +225,7 @@ static void os_release(fab_req_head* h) { h->state = FAB_REQ_FREE; }
 static const fab_req_steps os_steps = {os_busy, os_stalled, os_give_up, os_finish, os_explain, os_release};
 
 static fab_result os_test(fab_req_head* h, int* done, int* sizes) {
-  if (osreq_of(h)->comm->closing) {
-    FAB_WARN("test: request %p belongs to a comm that was closed; a closed comm's requests cannot be tested",
-             (void*)h);
-    return FAB_ERR_INTERNAL;
-  }
+  if (osreq_of(h)->comm->closing) return fab_req_refuse_closed(h);
   return fab_req_run(h, done, sizes, &os_steps, 1);
 }
 

@@ -153,10 +153,7 @@ fab_result fab_req_test_helped(fab_req* r, int* done, int* sizes) {
 
 static fab_result req_api_test(fab_req_head* h, int* done, int* sizes) {
   fab_req* r = req_of(h);
-  if (FAB_UNLIKELY(r->comm->closing)) {
-    FAB_WARN("test: request %p belongs to a comm that was closed; a closed comm's requests cannot be tested", (void*)r);
-    return FAB_ERR_INTERNAL;
-  }
+  if (FAB_UNLIKELY(r->comm->closing)) return fab_req_refuse_closed(h);
   return fab_req_run(h, done, sizes, &req_steps, 1);
 }
 
