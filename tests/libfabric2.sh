@@ -104,11 +104,10 @@ done
 run "functional.tcp.rdma.core.efa" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma FABRIC_TEST_API=core \
   FABRIC_NIC_PROFILE=efa FABRIC_EAGER_MAX=4096 "$fn/fabric-functional-core" --jobs=2 \
   "--filter=!(functional/@(connect_close_cycles|foreign_handle))"
-# verbs the same (4 bytes of CQ data too, with the carrier's write ordering and inject size): the cases that move
-# data, register and truncate
+# verbs the same (4 bytes of CQ data too, with the carrier's write ordering and inject size)
 run "functional.tcp.rdma.core.verbs" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma FABRIC_TEST_API=core \
   FABRIC_NIC_PROFILE=verbs "$fn/fabric-functional-core" --jobs=2 \
-  "--filter=functional/@(sizes|inflight|grouped_recv|truncation_*|send_larger_than_recv|oversize|registration|irecv_hint|comm_independence|close_inflight|close_then_free|properties|bad_arguments|rails_transfers|rails_stripes)"
+  "--filter=!(functional/@(connect_close_cycles|foreign_handle))"
 run "functional.rma.tcp.v17.n2.efa" env FI_PROVIDER=tcp FI_TCP_IFACE=lo FABRIC_TRANSPORT=rdma FABRIC_NIC_PROFILE=efa \
   FABRIC_TEST_RMA_API=17 "$fn/fabric-rma" --ranks 2
 # auto under every NIC profile on 2.x's tcp, which reports a remote write's length: the rdma transport and the
