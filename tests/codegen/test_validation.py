@@ -28,6 +28,12 @@ class SpecErrors(unittest.TestCase):
         err = self.generate_broken(lambda d: edit(f"{d}/net.toml", ISEND_TAG, ISEND_TAG[:-2] + ', colour = "red" }'))
         self.assertIn("abi/net.toml: table.slot[isend].args[tag].colour: unknown key 'colour'", err)
 
+    def test_unknown_function_in_a_fallback_list(self):
+        err = self.generate_broken(lambda d: edit(f"{d}/core.toml", 'fallback = ["fab_listen_one_rail", "fab_listen_short"]',
+                                                  'fallback = ["fab_listen_one_rail", "fab_listen_shrot"]'))
+        self.assertIn("abi/core.toml: core.api[listen].fallback: 'fab_listen_shrot' is not a function of [core.function]",
+                      err)
+
     def test_same_symbol_twice_in_one_library(self):
         err = self.generate_broken(lambda d: edit(f"{d}/neuron.toml", 'library = "nccom-net-fabric"\n', ""))
         self.assertIn("ncclNetPlugin_v6 would be exported twice from libnccl-net-fabric.so", err)
