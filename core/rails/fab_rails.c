@@ -13,7 +13,7 @@
 
 /* Rails of device d: its members when it is a virtual device of several,
  * else 1. */
-static int rails_of(const fab_device* d) { return d && !d->physical && d->nmembers > 1 ? d->nmembers : 1; }
+static int rails_of(const fab_device* d) { return !d->physical && d->nmembers > 1 ? d->nmembers : 1; }
 
 static void close_members(void** handles, int n, fab_obj_kind kind) {
   for (int k = 0; k < n; k++) {
@@ -242,7 +242,8 @@ fab_result fab_listen(fab_ctx* ctx, int dev, void* handle, void** listen_comm) {
   if (listen_comm) *listen_comm = NULL;
   fab_device* d = fab_device_get(dev, "listen");
   if (!d) return FAB_ERR_INTERNAL;
-  if (rails_of(d) == 1 || !listen_comm || !handle) return fab_conn_listen(ctx, d->index, handle, 1, 0, NULL, listen_comm);
+  if (rails_of(d) == 1 || !listen_comm || !handle)
+    return fab_conn_listen(ctx, d->index, handle, 1, 0, NULL, listen_comm);
   if (!fab_ctx_resolve(ctx, "listen")) return FAB_ERR_INVALID_USAGE;
   return rails_listen(ctx, d, handle, listen_comm);
 }
@@ -253,7 +254,8 @@ fab_result fab_connect(fab_ctx* ctx, int dev, const fab_comm_config* config, voi
   if (send_comm) *send_comm = NULL;
   fab_device* d = fab_device_get(dev, "connect");
   if (!d) return FAB_ERR_INTERNAL;
-  if (rails_of(d) == 1 || !send_comm || !handle) return fab_conn_connect(ctx, d->index, config, handle, 1, 0, send_comm);
+  if (rails_of(d) == 1 || !send_comm || !handle)
+    return fab_conn_connect(ctx, d->index, config, handle, 1, 0, send_comm);
   if (!fab_ctx_resolve(ctx, "connect")) return FAB_ERR_INVALID_USAGE;
   return rails_connect(ctx, d, config, handle, send_comm);
 }
