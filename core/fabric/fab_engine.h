@@ -245,7 +245,9 @@ struct fab_endpoint {
    * messages of one tag out of order when one thread posted while another
    * progressed (docs/known-bugs.md) */
   int cq_serial;
-  atomic_flag cq_lock; /* a spinlock: uncontended, one exchange and a store */
+  _Atomic int cq_gated;   /* a polling thread runs: it takes cq_lock too, after the runtime's threads */
+  _Atomic int cq_waiting; /* runtime threads waiting for cq_lock (the polling thread yields to them) */
+  atomic_flag cq_lock;    /* a spinlock: uncontended, one exchange and a store */
   /* the polling thread of a rail (fab_ep_helper_*; FABRIC_RAIL_THREADS), under helper_lock */
   pthread_mutex_t helper_lock;
   pthread_t helper;
@@ -331,7 +333,8 @@ struct fab_comm {
   int closing;
   uint8_t rail; /* its rail in a comm over several (fab_rails.h); 0 otherwise */
   uint8_t helped; /* its endpoint has a polling thread (FABRIC_RAIL_THREADS) and it has no home endpoint to drive:
-                   * the rails' own tests of its requests leave progress to that thread (fab_req_test_helped) */
+                   * tests of its requests leave the CQ to that thread (fab_comm_test_polls, fab_req_test_helped) */
+  _Atomic uint8_t tests_unpolled; /* helped: tests since one last read the CQ itself */
   uint32_t stripe_from; /* rail of a comm over several: its sender's FABRIC_STRIPE_THRESHOLD (0: never splits);
                          * these three fill what was padding before mr_last_handle: the hot fields keep their lines */
   /* the memory handle resolved last (owner thread only), valid while
@@ -478,17 +481,47 @@ int fab_local_buried_count(void);
  * that use ep (FABRIC_RAIL_THREADS): the first acquire starts it, the last
  * release stops and joins it (no ep lock held). 0, or -1 when no thread
  * could be started (the caller's polling still drives ep). */
+#define FAB_RAIL_THREAD_NAME "fabric-rail"
 int fab_ep_helper_acquire(fab_endpoint* ep);
 void fab_ep_helper_release(fab_endpoint* ep);
-/* Around a tagged data post on ep (the sendrecv transport): serialised with
- * the endpoint's CQ reads and other posts on local-only providers. */
-static inline void fab_ep_serial_enter(fab_endpoint* ep) {
-  if (FAB_LIKELY(!ep->cq_serial)) return;
+/* Around a tagged data post on ep: serialised with the endpoint's CQ reads
+ * and other posts on local-only providers, and with a rail's polling thread
+ * where one runs (which then waits for the runtime's threads instead of
+ * making them sleep in the provider's lock). Returns whether it locked;
+ * fab_ep_serial_leave takes that. */
+static inline int fab_ep_lock_cq(fab_endpoint* ep) {
+  atomic_fetch_add_explicit(&ep->cq_waiting, 1, memory_order_relaxed);
   for (unsigned spins = 0; atomic_flag_test_and_set_explicit(&ep->cq_lock, memory_order_acquire); spins++)
     if (spins % 64 == 63) sched_yield(); /* the holder may be copying a large message */
+  atomic_fetch_sub_explicit(&ep->cq_waiting, 1, memory_order_relaxed);
+  return 1;
 }
-static inline void fab_ep_serial_leave(fab_endpoint* ep) {
-  if (FAB_UNLIKELY(ep->cq_serial)) atomic_flag_clear_explicit(&ep->cq_lock, memory_order_release);
+static inline int fab_ep_serial_enter(fab_endpoint* ep) {
+  if (FAB_LIKELY(!ep->cq_serial) && FAB_LIKELY(!atomic_load_explicit(&ep->cq_gated, memory_order_relaxed))) return 0;
+  return fab_ep_lock_cq(ep);
+}
+/* Around a one-sided post: only where a polling thread runs. */
+static inline int fab_ep_gate_enter(fab_endpoint* ep) {
+  if (FAB_LIKELY(!atomic_load_explicit(&ep->cq_gated, memory_order_relaxed))) return 0;
+  return fab_ep_lock_cq(ep);
+}
+static inline void fab_ep_serial_leave(fab_endpoint* ep, int held) {
+  if (held) atomic_flag_clear_explicit(&ep->cq_lock, memory_order_release);
+}
+/* Whether a test of c's requests reads its endpoint's CQ: unless a rail's
+ * polling thread does (c->helped), where only one test in
+ * FAB_HELPED_POLL_EVERY still does, so that progress never waits for that
+ * thread to be scheduled. */
+enum { FAB_HELPED_POLL_EVERY = 64 };
+static inline int fab_comm_test_polls(fab_comm* c) {
+  if (FAB_LIKELY(!c->helped)) return 1;
+  uint8_t n = (uint8_t)(atomic_load_explicit(&c->tests_unpolled, memory_order_relaxed) + 1);
+  if (n < FAB_HELPED_POLL_EVERY) {
+    atomic_store_explicit(&c->tests_unpolled, n, memory_order_relaxed);
+    return 0;
+  }
+  atomic_store_explicit(&c->tests_unpolled, 0, memory_order_relaxed);
+  return 1;
 }
 /* Reads one batch of completions and dispatches them. Caller holds ep->lock. */
 fab_result fab_ep_progress_locked(fab_endpoint* ep);

@@ -18,21 +18,30 @@ static ssize_t write_msg(fab_endpoint* ep, fi_addr_t peer, const void* buf, size
   struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = peer, .rma_iov = &rma,
                            .rma_iov_count = 1, .context = &op->ctx, .data = data};
   uint64_t level = fab_dev_injects(ep->dev, len) ? FI_INJECT : ep->dev->write_flags;
-  return fi_writemsg(ep->ep, &msg, flags | FI_COMPLETION | level);
+  int held = fab_ep_gate_enter(ep);
+  ssize_t rc = fi_writemsg(ep->ep, &msg, flags | FI_COMPLETION | level);
+  fab_ep_serial_leave(ep, held);
+  return rc;
 }
 
 ssize_t fab_remote_writedata(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                           const fab_window* w, uint64_t off, uint64_t data, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (ep->dev->write_flags) return write_msg(ep, peer, buf, len, desc, w, off, data, FI_REMOTE_CQ_DATA, op);
-  return fi_writedata(ep->ep, buf, len, desc, data, peer, w->addr + off, w->key, &op->ctx);
+  int held = fab_ep_gate_enter(ep);
+  ssize_t rc = fi_writedata(ep->ep, buf, len, desc, data, peer, w->addr + off, w->key, &op->ctx);
+  fab_ep_serial_leave(ep, held);
+  return rc;
 }
 
 ssize_t fab_remote_write(fab_endpoint* ep, fi_addr_t peer, const void* buf, size_t len, void* desc,
                       const fab_window* w, uint64_t off, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
   if (ep->dev->write_flags) return write_msg(ep, peer, buf, len, desc, w, off, 0, 0, op);
-  return fi_write(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
+  int held = fab_ep_gate_enter(ep);
+  ssize_t rc = fi_write(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
+  fab_ep_serial_leave(ep, held);
+  return rc;
 }
 
 /* An intra-host provider places an inline write in the peer's memory before
@@ -88,5 +97,8 @@ ssize_t fab_remote_ctl_write(fab_comm* c, const void* buf, size_t len, const fab
 ssize_t fab_remote_read(fab_endpoint* ep, fi_addr_t peer, void* buf, size_t len, void* desc, const fab_window* w,
                      uint64_t off, fab_op* op) {
   if (FAB_UNLIKELY(!fab_window_covers(w, off, len))) return -FI_EINVAL;
-  return fi_read(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
+  int held = fab_ep_gate_enter(ep);
+  ssize_t rc = fi_read(ep->ep, buf, len, desc, peer, w->addr + off, w->key, &op->ctx);
+  fab_ep_serial_leave(ep, held);
+  return rc;
 }

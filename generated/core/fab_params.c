@@ -229,12 +229,15 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
   }
 
   if ((s = getenv("FABRIC_RAIL_THREADS")) != NULL) {
-    int v;
-    if (parse_bool(s, &v) != 0) {
-      complain(errbuf, errbuf_size, "FABRIC_RAIL_THREADS=%s is not a boolean (1/0, true/false, yes/no, on/off); using 0", s);
+    long long v;
+    if (parse_int(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_RAIL_THREADS=%s is not an integer; using 0", s);
+      bad++;
+    } else if (v < 0 || v > 2) {
+      complain(errbuf, errbuf_size, "FABRIC_RAIL_THREADS=%s is outside %d..%d; using 0", s, 0, 2);
       bad++;
     } else {
-      params->rail_threads = v;
+      params->rail_threads = (int)v;
     }
   }
 

@@ -24,6 +24,7 @@ extern "C" {
 #define FAB_PARAM_LOCAL_SEND_ENDPOINTS_MAX 256
 #define FAB_PARAM_RAILS_MAX 8
 #define FAB_PARAM_NIC_RAILS_MAX 8
+#define FAB_PARAM_RAIL_THREADS_MAX 2
 #define FAB_PARAM_STRIPE_THRESHOLD_MAX 2147483647u
 #define FAB_PARAM_STRIPE_SIZE_MAX 2147483647u
 #define FAB_PARAM_DELIVERY_COMPLETE_MAX 1
@@ -53,7 +54,7 @@ struct fab_params {
   int rails;
   /* FABRIC_NIC_RAILS: Connections per NIC: each device the runtime sees carries its comms over this many rails on the one NIC, each rail with its own domain, endpoint, completion queue and connections (on tcp: sockets of its own), and the device keeps the NIC's name, PCI path and speed, so NCCL takes it for the NIC it is. A comm's messages go whole on its rails in turn, and from FABRIC_STRIPE_THRESHOLD split over them; with FABRIC_RAIL_THREADS=1 every rail's provider progress runs on a thread of its own, which is what lets tcp move more than one core's worth of copies. Both ends must use the same value (a connect between different values is refused). 1: one connection per NIC. Not with FABRIC_RAILS. */
   int nic_rails;
-  /* FABRIC_RAIL_THREADS: Comms over several rails: give every rail's endpoint a thread that polls its completion queue while such a comm is open, so that the rails' provider progress (its copies, the kernel's socket work) runs on several cores rather than all in the caller's thread. Costs a spinning core per rail and measured slower for small messages (docs/results/performance-history.md §5.1). */
+  /* FABRIC_RAIL_THREADS: Comms over several rails: give every rail's endpoint a thread that polls its completion queue while such a comm is open, so that the rails' provider progress (its copies, the kernel's socket work) runs on several cores rather than all in the caller's thread; the caller then only posts, and reads a rail's completions itself once in 64 tests. Each thread spins on a core of its own. 0: none. 1: where the process may run on more CPUs than it has rails (its affinity; otherwise one WARN and none: mpirun binds each of two ranks to a single core by default, and threads there cost every NCCL operation hundreds of microseconds). 2: always (tests). Inside NCCL over tcp, four rails with threads moved 1.3x Socket's all_reduce bus bandwidth (docs/performance.md). */
   int rail_threads;
   /* FABRIC_STRIPE_THRESHOLD: Comms over several rails: a message of at least this many bytes is split into stripes sent on several rails at once; a smaller one goes whole on one rail, round-robin. The sender's value holds for the connection (it travels in the handshake). Values below 4 KiB count as 4 KiB; 0 never splits. The default is where splitting stopped losing on the loopback providers measured (docs/results/performance-history.md §5.3); on NICs that move data without the host's CPU, measure lower values with tests/bench/stripes.sh. */
   size_t stripe_threshold;

@@ -6,7 +6,10 @@
  * (net v9+) and the core, on both providers and transports; tables without
  * it check that the copies are devices of their own.
  */
+#define _GNU_SOURCE /* sched_setaffinity */
+#include <dirent.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -440,7 +443,7 @@ FT_PAIR_TEST(rails_stripe_truncated, 60) {
  * (FABRIC_RAIL_THREADS; ignored on intra-host providers): started with the
  * first comm on a rail's endpoint, joined when the last one closes. */
 FT_PAIR_TEST(rails_threads, 120) {
-  setenv("FABRIC_RAIL_THREADS", "1", 1);
+  setenv("FABRIC_RAIL_THREADS", "2", 1); /* whatever CPUs the test machine has */
   setenv("FABRIC_STRIPE_THRESHOLD", "65536", 1); /* and split messages, whose parts the threads progress */
   setenv("FABRIC_STRIPE_SIZE", "65536", 1);
   ft_side s;
@@ -460,6 +463,67 @@ FT_PAIR_TEST(rails_threads, 120) {
     ft_sync(peer, "threads", T_MS);
     ft_close_all(&s, &c, 1);
   }
+  ft_side_close(&s);
+}
+
+/* Threads of this process named as the rails' polling threads. */
+static int rail_threads_running(void) {
+  DIR* d = opendir("/proc/self/task");
+  FT_CHECK(d != NULL, "cannot list /proc/self/task");
+  int n = 0;
+  for (struct dirent* e; (e = readdir(d));) {
+    char path[300], name[32] = "";
+    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+    FILE* f = e->d_name[0] != '.' ? fopen(path, "r") : NULL;
+    if (!f) continue;
+    if (fgets(name, sizeof(name), f) && !strncmp(name, "fabric-rail", 11)) n++;
+    fclose(f);
+  }
+  closedir(d);
+  return n;
+}
+
+/* FABRIC_RAIL_THREADS=1 in a process bound to one CPU (what mpirun does to
+ * each of two ranks by default): one WARN says why and what to do, no
+ * thread starts, and the caller's thread still moves every message. The
+ * same with 2 (always) starts one per rail. */
+FT_PAIR_TEST(rails_threads_one_cpu, 120) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu() > 0 ? sched_getcpu() : 0, &one);
+  FT_CHECK(sched_setaffinity(0, sizeof(one), &one) == 0, "cannot bind the test to one CPU");
+  setenv("FABRIC_RAIL_THREADS", "1", 1);
+  ft_side s;
+  int nphys = open_with_copies(&s, peer);
+  if (ft_api_selected() != FT_API_CORE || !s.api->make_vdevice) {
+    ft_side_close(&s);
+    return;
+  }
+  s.dev = fuse(&s, nphys, 2);
+  FT_OK(s.api->get_properties(s.dev, &s.props));
+  ft_conn c;
+  int w0 = ft_log_warns();
+  ft_log_expect_warns(1);
+  ft_connect_all(&s, &c, 1, T_MS);
+  ft_log_expect_warns(0);
+  FT_CHECK(ft_log_warns() == w0 + 1 && strstr(ft_log_last_warn(), "FABRIC_RAIL_THREADS=1") &&
+               strstr(ft_log_last_warn(), "1 CPU") && strstr(ft_log_last_warn(), "--bind-to none"),
+           "%d WARNs for rail threads on one CPU, the last: %s", ft_log_warns() - w0, ft_log_last_warn());
+  FT_CHECK(rail_threads_running() == 0, "%d rail threads run on one CPU", rail_threads_running());
+  stream(&s, &c);
+  ft_sync(peer, "one cpu", T_MS);
+  ft_close_all(&s, &c, 1);
+  setenv("FABRIC_RAIL_THREADS", "2", 1); /* read at init: a new context takes it */
+  ft_side_close(&s);
+  nphys = open_with_copies(&s, peer);
+  s.dev = fuse(&s, nphys, 2);
+  FT_OK(s.api->get_properties(s.dev, &s.props));
+  ft_connect_all(&s, &c, 1, T_MS);
+  FT_CHECK(rail_threads_running() == 2, "%d rail threads with FABRIC_RAIL_THREADS=2 over 2 rails",
+           rail_threads_running());
+  stream(&s, &c);
+  ft_sync(peer, "forced", T_MS);
+  ft_close_all(&s, &c, 1);
   ft_side_close(&s);
 }
 

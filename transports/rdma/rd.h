@@ -203,7 +203,7 @@ static const uint64_t rd_scratch_word = 0;
 
 /* Drives the comm's endpoint (and its home endpoint, for an own one). */
 static inline void rd_poll(fab_comm* c) {
-  fab_ep_poll(c->ep);
+  if (fab_comm_test_polls(c)) fab_ep_poll(c->ep);
   if (FAB_UNLIKELY(c->home != NULL)) fab_ep_poll(c->home);
 }
 

@@ -41,12 +41,12 @@ static ssize_t post_tsend(fab_comm* c, rd_sreq* q, size_t size, uint64_t tag) {
                                         : RD_TAG_ABANDON;
   uint64_t data = rd_tag_word(kind, rd_s(c)->next_index);
   ssize_t rc;
-  fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
+  int held = fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
   if (kind == RD_TAG_DATA)
     rc = fi_tsenddata(c->ep->ep, q->data, size, q->desc, data, c->peer, tag, &q->op.ctx);
   else
     rc = fi_tinjectdata(c->ep->ep, NULL, 0, data, c->peer, tag);
-  fab_ep_serial_leave(c->ep);
+  fab_ep_serial_leave(c->ep, held);
   return rc;
 }
 
@@ -94,7 +94,7 @@ ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b) {
   void* desc = b->mr ? b->mr->desc : NULL;
   ssize_t rc;
   atomic_store_explicit(&b->state, RD_SUB_LISTENING, memory_order_relaxed);
-  fab_ep_serial_enter(c->ep);
+  int held = fab_ep_serial_enter(c->ep);
   if (!dom->sink) {
     rc = fi_trecv(c->ep->ep, b->data, b->size, desc, FI_ADDR_UNSPEC, tag, 0, &b->op.ctx);
   } else {
@@ -104,13 +104,13 @@ ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b) {
                                 .context = &b->op.ctx};
     rc = fi_trecvmsg(c->ep->ep, &msg, FI_COMPLETION);
   }
-  fab_ep_serial_leave(c->ep);
+  fab_ep_serial_leave(c->ep, held);
   if (rc != 0) atomic_store_explicit(&b->state, RD_SUB_UNPOSTED, memory_order_relaxed);
   return rc;
 }
 
 void rd_tagged_unlisten(fab_comm* c, rd_rsub* b) {
-  fab_ep_serial_enter(c->ep);
+  int held = fab_ep_serial_enter(c->ep);
   fi_cancel(&c->ep->ep->fid, &b->op.ctx); /* a receive already matched completes as usual */
-  fab_ep_serial_leave(c->ep);
+  fab_ep_serial_leave(c->ep, held);
 }

@@ -60,7 +60,7 @@ static inline int sub_state(sr_sub* s) { return atomic_load_explicit(&s->state, 
  * still lets the receives it may depend on progress. Only while r is still
  * pending, so a send that completes costs one CQ read. */
 static inline void progress(fab_comm* c, fab_req* r) {
-  fab_ep_poll(c->ep);
+  if (fab_comm_test_polls(c)) fab_ep_poll(c->ep);
   if (FAB_UNLIKELY(c->home != NULL) && (!r || atomic_load_explicit(&r->pending, memory_order_acquire) > 0))
     fab_ep_poll(c->home);
 }
@@ -117,9 +117,9 @@ static inline void req_put(fab_req* r) { fab_req_put(r); }
 /* --- send ---------------------------------------------------------------------- */
 
 static inline ssize_t post_send(fab_comm* c, sr_sub* s, void* data, size_t size, void* desc) {
-  fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
+  int held = fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
   ssize_t rc = fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
-  fab_ep_serial_leave(c->ep);
+  fab_ep_serial_leave(c->ep, held);
   return rc;
 }
 
@@ -161,7 +161,7 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr
 static inline ssize_t post_recv(fab_comm* c, sr_sub* s) {
   fab_domain* dom = c->ep->dev->dom;
   ssize_t rc;
-  fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
+  int held = fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
   if (FAB_LIKELY(!dom->sink)) {
     rc = fi_trecv(c->ep->ep, s->data, s->size, s->desc, FI_ADDR_UNSPEC, s->tag, 0, &s->op.ctx);
   } else {
@@ -171,7 +171,7 @@ static inline ssize_t post_recv(fab_comm* c, sr_sub* s) {
                                 .context = &s->op.ctx};
     rc = fi_trecvmsg(c->ep->ep, &msg, FI_COMPLETION);
   }
-  fab_ep_serial_leave(c->ep);
+  fab_ep_serial_leave(c->ep, held);
   return rc;
 }
 
