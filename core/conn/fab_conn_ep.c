@@ -4,6 +4,7 @@
  * posted. The provider layer calls back only through the hooks.
  */
 #include "fab_conn.h"
+#include "fab_transport.h"
 
 /* After fi_close(ep): nothing can complete any more; free everything. */
 static void endpoint_teardown(fab_endpoint* ep) {
@@ -28,7 +29,16 @@ static int endpoint_sweep(fab_endpoint* ep) {
   return gone + fab_comm_sweep_closed(ep);
 }
 
-static const fab_ep_hooks conn_hooks = {.sweep = endpoint_sweep, .teardown = endpoint_teardown};
+/* The live comms' transports post what their isend left to the rail's thread. */
+static void endpoint_pump(fab_endpoint* ep) {
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->comms) {
+    fab_comm* c = FAB_CONTAINER_OF(it, fab_comm, park.node);
+    if (c->ops && c->ops->pump) c->ops->pump(c);
+  }
+}
+
+static const fab_ep_hooks conn_hooks = {.sweep = endpoint_sweep, .teardown = endpoint_teardown,
+                                        .pump = endpoint_pump};
 
 fab_result fab_conn_endpoint_create(fab_device* dev, fab_endpoint** out) {
   fab_endpoint* ep;

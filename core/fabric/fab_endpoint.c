@@ -413,8 +413,15 @@ static void* helper_main(void* arg) {
   fab_endpoint* ep = arg;
   pthread_setname_np(pthread_self(), FAB_RAIL_THREAD_NAME); /* shows in top -H and /proc */
   while (atomic_load_explicit(&ep->helper_run, memory_order_acquire)) {
-    for (int i = 0; i < FAB_HELPER_SPINS; i++)
+    for (int i = 0; i < FAB_HELPER_SPINS; i++) {
       if (helper_poll(ep) != FAB_OK) return NULL; /* the CQ failed: the comms' own calls report it */
+      if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire) && ep->hooks && ep->hooks->pump &&
+          atomic_exchange_explicit(&ep->pump_wanted, 0, memory_order_acq_rel)) {
+        pthread_mutex_lock(&ep->lock);
+        ep->hooks->pump(ep);
+        pthread_mutex_unlock(&ep->lock);
+      }
+    }
     sched_yield();
   }
   return NULL;

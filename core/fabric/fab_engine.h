@@ -186,6 +186,7 @@ typedef struct fab_av_entry {
 typedef struct fab_ep_hooks {
   int (*sweep)(fab_endpoint* ep);    /* ep lock held; returns how many objects went */
   void (*teardown)(fab_endpoint* ep); /* after fi_close(ep) */
+  void (*pump)(fab_endpoint* ep);     /* ep lock held, on its polling thread: post what comms left to it */
 } fab_ep_hooks;
 
 struct fab_endpoint {
@@ -253,6 +254,7 @@ struct fab_endpoint {
   pthread_t helper;
   int helper_users;       /* comms over several rails using it */
   _Atomic int helper_run; /* the thread polls while set */
+  _Atomic int pump_wanted; /* a comm left posts to the thread (fab_ep_want_pump) */
 };
 
 /* --- comms and requests --------------------------------------------------- */
@@ -482,6 +484,10 @@ int fab_local_buried_count(void);
  * release stops and joins it (no ep lock held). 0, or -1 when no thread
  * could be started (the caller's polling still drives ep). */
 #define FAB_RAIL_THREAD_NAME "fabric-rail"
+/* A helped comm left posts to ep's polling thread: it runs the pump hook. */
+static inline void fab_ep_want_pump(fab_endpoint* ep) {
+  atomic_store_explicit(&ep->pump_wanted, 1, memory_order_release);
+}
 int fab_ep_helper_acquire(fab_endpoint* ep);
 void fab_ep_helper_release(fab_endpoint* ep);
 /* Around a tagged data post on ep: serialised with the endpoint's CQ reads

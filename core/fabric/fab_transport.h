@@ -71,6 +71,9 @@ struct fab_transport_ops {
   fab_result (*iflush)(fab_comm* c, int n, void** data, const int* sizes, fab_mr** mrs, void** request);
   /* Drives completions for r (pending). */
   void (*progress)(fab_comm* c, fab_req* r);
+  /* On a rail's polling thread (fab_ep_want_pump), ep lock held: post what
+   * isend left to that thread. Optional. */
+  void (*pump)(fab_comm* c);
   /* r is complete and test is about to report it (no lock held): a
    * transport that noted something in its completions' lock-free path turns
    * it into r's result here. Optional. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fab_prof.h"
 #include "ft_criterion.h"
@@ -523,6 +524,50 @@ FT_PAIR_TEST(rails_threads_one_cpu, 120) {
            rail_threads_running());
   stream(&s, &c);
   ft_sync(peer, "forced", T_MS);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
+
+/* Tests req (at most FAB_HELPED_POLL_EVERY - 4 times, 50 ms apart, so the
+ * test itself never reads the rail's CQ or posts its sends) until done. */
+static int done_by_threads(ft_side* s, void* req) {
+  for (int i = 0; i < 60; i++) {
+    int done = 0, sizes[FAB_MAX_RECVS];
+    FT_OK(s->api->test(req, &done, sizes));
+    if (done) return 1;
+    usleep(50 * 1000);
+  }
+  return 0;
+}
+
+/* With a thread per rail, the threads move a large message on their own:
+ * the send's request-to-send and its write are posted on the sender's rail
+ * thread (rd_send_pump), the completions read on both threads; neither
+ * side's tests do any of it. */
+FT_PAIR_TEST(rails_threads_post, 120) {
+  setenv("FABRIC_RAIL_THREADS", "2", 1);
+  ft_side s;
+  ft_conn c;
+  if (!open_fused(&s, peer, &c, 2, 1)) return;
+  enum { LEN = 1 << 20 };
+  ft_mr sm, rm;
+  ft_mr_alloc(&s, &sm, c.send_comm, LEN);
+  ft_mr_alloc(&s, &rm, c.recv_comm, LEN);
+  ft_fill(sm.buf, LEN, 77 + (uint64_t)ft_role());
+  size_t cap = LEN;
+  int tag = 200;
+  void* rreq = post_recv(&s, c.recv_comm, 1, &rm.buf, &cap, &tag, &rm.mh);
+  ft_sync(peer, "posted", T_MS);
+  usleep(100 * 1000);
+  void* sreq = post_send(&s, c.send_comm, sm.buf, LEN, tag, sm.mh);
+  FT_CHECK(done_by_threads(&s, sreq), "a 1 MiB send over rails with threads did not complete in 3 s of tests "
+           "that leave progress to the threads");
+  FT_CHECK(done_by_threads(&s, rreq), "a 1 MiB receive over rails with threads did not complete in 3 s");
+  ft_verify_or_fail(rm.buf, LEN, 77 + (uint64_t)(ft_role() == FT_PARENT ? FT_CHILD : FT_PARENT),
+                    "a message the rail threads moved");
+  ft_sync(peer, "moved", T_MS);
+  ft_mr_free(&s, &sm);
+  ft_mr_free(&s, &rm);
   ft_close_all(&s, &c, 1);
   ft_side_close(&s);
 }

@@ -129,10 +129,14 @@ static void rd_init_req(fab_comm* c, fab_req* r) {
   else rd_recv_init_req(c, r);
 }
 
+/* Over a rail with a polling thread, the thread reads the CQ and posts the
+ * sends left to it; a test does so itself only now and then
+ * (fab_comm_test_polls). */
 static void rd_progress(fab_comm* c, fab_req* r) {
-  rd_poll(c);
+  int own = fab_comm_test_polls(c);
+  if (own) rd_poll(c);
   if (c->kind == FAB_OBJ_SEND) {
-    rd_send_progress(c);
+    if (own) rd_send_progress(c);
   } else {
     rd_recv_progress(c);
     rd_recv_check_gone(c, r);
@@ -215,6 +219,7 @@ const fab_transport_ops fab_rdma_ops = {
     .irecv = rd_irecv,
     .iflush = fab_mr_iflush,
     .progress = rd_progress,
+    .pump = rd_send_pump,
     .sizes = rd_sizes,
     .prof_path = rd_prof_path,
     .give_up = rd_give_up,

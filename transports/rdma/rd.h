@@ -55,6 +55,9 @@ enum { RD_SEND_REQS = FAB_MAX_REQUESTS * FAB_MAX_RECVS, RD_RECV_REQS = 2 * FAB_M
  * receiver has not taken yet (each may sit in the receiver's provider until
  * its receive is posted); the receiver gives them back in batches of half. */
 enum { RD_TAGGED_CREDITS = 128 };
+/* Over a rail with a polling thread, sends above this many bytes are posted
+ * by that thread (rd_send_pump); smaller ones go at once. */
+enum { RD_HELPED_INLINE_MAX = 16384 };
 _Static_assert(RD_RECV_REQS * FAB_MAX_RECVS <= RD_SLOTS, "a slot names a request and a buffer; at most RD_SLOTS");
 _Static_assert(RD_SLOTS <= RD_ONESIDED_SLOT, "the one-sided slot names no receive");
 
@@ -203,7 +206,7 @@ static const uint64_t rd_scratch_word = 0;
 
 /* Drives the comm's endpoint (and its home endpoint, for an own one). */
 static inline void rd_poll(fab_comm* c) {
-  if (fab_comm_test_polls(c)) fab_ep_poll(c->ep);
+  fab_ep_poll(c->ep);
   if (FAB_UNLIKELY(c->home != NULL)) fab_ep_poll(c->home);
 }
 
@@ -221,6 +224,7 @@ static inline void rd_protocol_error(fab_comm* c, const char* what) {
 /* rd_send.c */
 fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, void** request);
 void rd_send_progress(fab_comm* c);
+void rd_send_pump(fab_comm* c); /* on a rail's polling thread; ep lock held */
 void rd_send_landed(fab_comm* c, uint32_t low); /* a CTRL completion (entry, credits); ep lock held */
 void rd_send_cancel(fab_comm* c);
 void rd_send_give_up(fab_req* r);

@@ -159,12 +159,13 @@ static int post_unsent(fab_comm* c, fab_req* r, int* blocked) {
 }
 
 /* Posts waiting sends whose buffer was announced, or that fit an eager slot
- * that came back, or whose tagged message could not be posted before. ep
- * lock held. */
-static void post_waiting(fab_comm* c) {
+ * that came back, or whose tagged message could not be posted before.
+ * Returns whether the provider refused one for now (-FI_EAGAIN): a retry is
+ * due. ep lock held. */
+static int post_waiting(fab_comm* c) {
   rd_scomm* s = rd_s(c);
   uint32_t kept = 0;
-  int blocked = 0;
+  int blocked = 0, again = 0;
   for (uint32_t i = 0; i < s->nwait; i++) {
     fab_req* r = s->wait[i];
     rd_sreq* q = rd_sq(r);
@@ -180,11 +181,17 @@ static void post_waiting(fab_comm* c) {
       s->wait[kept++] = r;
       continue;
     }
-    if (q->matched ? post(c, r) != -FI_EAGAIN : rd_eager_post(c, r) == 0) continue;
+    if (q->matched) {
+      if (post(c, r) != -FI_EAGAIN) continue;
+      again = 1;
+    } else if (rd_eager_post(c, r) == 0) {
+      continue;
+    }
     s->wait[kept++] = r;
   }
   s->nwait = kept;
   atomic_store_explicit(&s->nwait_hint, kept, memory_order_relaxed);
+  return again || blocked;
 }
 
 /* Moves landed announcements, in index order, to the announced list.
@@ -236,6 +243,15 @@ void rd_send_landed(fab_comm* c, uint32_t low) {
   rd_eager_ack_if_due(c);
 }
 
+/* On the rail's polling thread: the sends isend left to it go, and it comes
+ * back while the provider refuses some for now. ep lock held. */
+void rd_send_pump(fab_comm* c) {
+  rd_scomm* s = rd_s(c);
+  if (c->error != FAB_OK || !s->nwait) return;
+  if (post_waiting(c)) fab_ep_want_pump(c->ep);
+  rd_eager_ack_if_due(c);
+}
+
 /* Waiting sends whose write could not be posted (EAGAIN) are retried. */
 void rd_send_progress(fab_comm* c) {
   rd_scomm* s = rd_s(c);
@@ -279,16 +295,21 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   q->k = (uint32_t)k;
   /* asked announcements: its tagged message now, in order; else its buffer
    * announced: straight into it; else eager when it fits a slot; else it
-   * waits for the announcement */
-  int went;
+   * waits for the announcement. Over a rail with a polling thread, a large
+   * send is left to that thread, which then does the provider's copy: the
+   * caller's thread would else copy every rail's data alone. */
+  int went = 0;
+  int defer = c->helped && size > RD_HELPED_INLINE_MAX;
   if (q->ts != RD_TS_NONE) {
     if (take(s, tag, q->k, &q->target)) { /* announced ahead: a mark takes the tagged receive, then the write */
       q->matched = 1;
       q->ts = RD_TS_MARK;
     }
-    ssize_t t = s->unsent ? -FI_EAGAIN : send_tagged(c, r);
+    ssize_t t = s->unsent || defer ? -FI_EAGAIN : send_tagged(c, r);
     went = t == 0 || (q->ts == RD_TS_MARKED && post(c, r) != -FI_EAGAIN);
     if (t == -FI_EAGAIN) s->unsent++;
+  } else if (defer) {
+    /* left to the thread */
   } else if (take(s, tag, q->k, &q->target)) {
     q->matched = 1;
     went = post(c, r) != -FI_EAGAIN;
@@ -298,6 +319,7 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   if (!went) {
     s->wait[s->nwait++] = r;
     atomic_store_explicit(&s->nwait_hint, s->nwait, memory_order_relaxed);
+    if (c->helped) fab_ep_want_pump(ep);
   }
   rd_eager_ack_if_due(c);
   pthread_mutex_unlock(&ep->lock);
