@@ -33,7 +33,7 @@ static int endpoint_sweep(fab_endpoint* ep) {
 static void endpoint_pump(fab_endpoint* ep) {
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->comms) {
     fab_comm* c = FAB_CONTAINER_OF(it, fab_comm, park.node);
-    if (c->ops && c->ops->pump) c->ops->pump(c);
+    if (c->helped && c->ops && c->ops->pump) c->ops->pump(c);
   }
 }
 

@@ -409,19 +409,23 @@ static fab_result helper_poll(fab_endpoint* ep) {
   return poll_read(ep, e, n);
 }
 
+/* Runs the endpoint's pump hook: what comms left to this thread is posted. */
+static void helper_pump(fab_endpoint* ep) {
+  if (!ep->hooks || !ep->hooks->pump || !atomic_exchange_explicit(&ep->pump_wanted, 0, memory_order_acq_rel)) return;
+  pthread_mutex_lock(&ep->lock);
+  ep->hooks->pump(ep);
+  pthread_mutex_unlock(&ep->lock);
+}
+
 static void* helper_main(void* arg) {
   fab_endpoint* ep = arg;
   pthread_setname_np(pthread_self(), FAB_RAIL_THREAD_NAME); /* shows in top -H and /proc */
   while (atomic_load_explicit(&ep->helper_run, memory_order_acquire)) {
     for (int i = 0; i < FAB_HELPER_SPINS; i++) {
       if (helper_poll(ep) != FAB_OK) return NULL; /* the CQ failed: the comms' own calls report it */
-      if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire) && ep->hooks && ep->hooks->pump &&
-          atomic_exchange_explicit(&ep->pump_wanted, 0, memory_order_acq_rel)) {
-        pthread_mutex_lock(&ep->lock);
-        ep->hooks->pump(ep);
-        pthread_mutex_unlock(&ep->lock);
-      }
+      if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire) == FAB_PUMP_NOW) helper_pump(ep);
     }
+    if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire)) helper_pump(ep); /* retries too */
     sched_yield();
   }
   return NULL;
@@ -449,6 +453,7 @@ int fab_ep_helper_acquire(fab_endpoint* ep) {
     atomic_store(&ep->cq_gated, 1);
     if (pthread_create(&ep->helper, NULL, helper_main, ep) != 0) {
       atomic_store(&ep->helper_run, 0);
+      atomic_store(&ep->cq_gated, 0);
       ep->helper_users = 0;
       rc = -1;
     }

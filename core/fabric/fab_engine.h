@@ -484,9 +484,18 @@ int fab_local_buried_count(void);
  * release stops and joins it (no ep lock held). 0, or -1 when no thread
  * could be started (the caller's polling still drives ep). */
 #define FAB_RAIL_THREAD_NAME "fabric-rail"
-/* A helped comm left posts to ep's polling thread: it runs the pump hook. */
+/* A helped comm left posts to ep's polling thread: it runs the pump hook
+ * after its next poll; a retry (the provider refused a post for now) waits
+ * for its next round of polls, so a full queue does not keep it taking the
+ * endpoint lock. */
+enum { FAB_PUMP_NOW = 1, FAB_PUMP_RETRY = 2 };
 static inline void fab_ep_want_pump(fab_endpoint* ep) {
-  atomic_store_explicit(&ep->pump_wanted, 1, memory_order_release);
+  atomic_store_explicit(&ep->pump_wanted, FAB_PUMP_NOW, memory_order_release);
+}
+static inline void fab_ep_want_pump_retry(fab_endpoint* ep) {
+  int idle = 0;
+  atomic_compare_exchange_strong_explicit(&ep->pump_wanted, &idle, FAB_PUMP_RETRY, memory_order_acq_rel,
+                                          memory_order_relaxed);
 }
 int fab_ep_helper_acquire(fab_endpoint* ep);
 void fab_ep_helper_release(fab_endpoint* ep);

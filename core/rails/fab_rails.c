@@ -47,6 +47,17 @@ static int rail_threads_fit(int n) {
   return 0;
 }
 
+/* Lets go of the polling threads rc holds (only those: a rail whose thread
+ * could not start holds none, and releasing it would stop another comm's). */
+static void release_threads(fab_rails_comm* rc) {
+  for (int k = 0; k < rc->n; k++) {
+    if (!(rc->threads & (1u << k))) continue;
+    rc->c[k]->helped = 0;
+    fab_ep_helper_release(rc->c[k]->ep);
+  }
+  rc->threads = 0;
+}
+
 /* The comm over rails handles[0..n-1] (member comms of kind SEND or RECV).
  * Each member learns its rail, and its peer name says it. */
 static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** handles, int n, void** out) {
@@ -68,17 +79,20 @@ static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** hand
              rc->c[k]->ep->dev->name);
   }
   rc->stripe_from = rc->c[0]->stripe_from; /* the sender's, from rail 0's handshake */
-  rc->threads = fab_g.params.rail_threads == 2 || (fab_g.params.rail_threads == 1 && rail_threads_fit(n));
-  for (int k = 0; k < n && rc->threads; k++) {
+  int want = fab_g.params.rail_threads == 2 || (fab_g.params.rail_threads == 1 && rail_threads_fit(n));
+  for (int k = 0; k < n && want; k++) {
     fab_comm* c = rc->c[k];
-    if (fab_ep_helper_acquire(c->ep) != 0)
+    if (fab_ep_helper_acquire(c->ep) != 0) {
       FAB_INFO(FAB_SUBSYS_NET, "rail %d on %s: no polling thread could be started; the caller's thread drives it", k,
                c->ep->dev->name);
-    else c->helped = !c->home; /* a comm with a home endpoint to drive as well keeps polling (sr.c) */
+      continue;
+    }
+    rc->threads |= 1u << k;
+    c->helped = !c->home; /* a comm with a home endpoint to drive as well keeps polling (sr.c) */
   }
   rc->handle = fab_obj_add(rc->kind, rc);
   if (!rc->handle) {
-    for (int k = 0; k < n && rc->threads; k++) fab_ep_helper_release(rc->c[k]->ep);
+    release_threads(rc);
     FAB_WARN("%s: handle table full; close unused comms", member_kind == FAB_OBJ_SEND ? "connect" : "accept");
     free(rc);
     return FAB_ERR_SYSTEM;
@@ -304,10 +318,7 @@ static fab_result close_rails(void* handle, fab_obj_kind kind) {
   fab_rails_comm* rc = fab_obj_remove(handle, kind);
   if (!rc) return FAB_ERR_INTERNAL;
   fab_result result = FAB_OK;
-  for (int k = 0; k < rc->n && rc->threads; k++) {
-    rc->c[k]->helped = 0;
-    fab_ep_helper_release(rc->c[k]->ep);
-  }
+  release_threads(rc);
   for (int k = 0; k < rc->n; k++) {
     fab_result r = kind == FAB_OBJ_RAILS_SEND ? fab_conn_close_send(rc->rail[k]) : fab_conn_close_recv(rc->rail[k]);
     if (result == FAB_OK) result = r;

@@ -193,7 +193,7 @@ struct fab_rails_comm {
   fab_tagmap tags;               /* messages (send) or buffers (recv) per tag so far: the owner thread's */
   fab_rails_parent* parents;     /* FAB_RAILS_PARENTS, from the first grouped receive over several rails */
   fab_rails_parent* free_list;
-  int threads;                   /* its rails' endpoints have polling threads (FABRIC_RAIL_THREADS) */
+  unsigned threads;              /* bit k: this comm holds rail k's polling thread (FABRIC_RAIL_THREADS) */
   fab_rails_parent* unposted_head; /* parents with children still to post, oldest first */
   fab_rails_parent* unposted_tail;
   uint32_t stripe_from;          /* messages of at least this many bytes are split (0: never) */

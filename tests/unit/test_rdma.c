@@ -827,3 +827,68 @@ static void abandoned_unsent(const char* prov) {
 
 Test(rdma, abandoned_unsent_tcp) { abandoned_unsent("tcp"); }
 Test(rdma, abandoned_unsent_shm) { abandoned_unsent("shm"); }
+
+/* A rail's thread pumps the live comms of its endpoint: only helped send
+ * comms' waiting sends. A receive comm on the same endpoint (its transport
+ * area laid out otherwise, a stale backlog entry where a send comm counts
+ * its waiting sends) is left untouched. */
+static void pump_leaves_receives(const char* prov) {
+  conn c;
+  open_conn(prov, &c);
+  rd_rcomm* rr = rd_r(c.rc);
+  size_t n = sizeof(rr->backlog) / sizeof(rr->backlog[0]);
+  for (size_t i = 0; i < n; i++) rr->backlog[i].r = (fab_req*)(uintptr_t)0xdead0000; /* left by a flush */
+  size_t area = fab_rdma_ops.comm_size;
+  unsigned char* before = malloc(area);
+  memcpy(before, rr, area);
+  c.rc->helped = 1;
+  fab_endpoint* ep = c.rc->ep;
+  pthread_mutex_lock(&ep->lock);
+  fab_rdma_ops.pump(c.rc);
+  ep->hooks->pump(ep);
+  pthread_mutex_unlock(&ep->lock);
+  c.rc->helped = 0;
+  cr_assert(!memcmp(before, rr, area), "the pump changed a receive comm's state");
+  for (size_t i = 0; i < n; i++) rr->backlog[i].r = NULL;
+  free(before);
+  close_conn(&c);
+}
+
+Test(rdma, pump_leaves_receives_tcp) { pump_leaves_receives("tcp"); }
+
+/* A large send on a comm whose rail has a thread waits for that thread; if
+ * the comm closes first, close posts it (its write, where its buffer was
+ * announced at post; else its request-to-send, and the closed comm writes
+ * once the answer lands), and the receive gets every byte. No thread runs
+ * here, so only close can. */
+Test(rdma, close_posts_send_left_to_thread) {
+  conn c;
+  open_conn("tcp", &c);
+  char* sb = malloc(LEN);
+  char* rb = malloc(LEN);
+  for (int i = 0; i < LEN; i++) sb[i] = (char)(i * 7 + 3);
+  memset(rb, 0, LEN);
+  void *smh, *rmh;
+  cr_assert_eq(api->reg_mr(c.s, sb, LEN, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, LEN, FAB_PTR_HOST, &rmh), FAB_OK);
+  void* rq = post_recv(&c, rb, LEN, rmh, 9);
+  for (int64_t end = ut_now_ms() + 200; ut_now_ms() < end;) fab_ep_poll(c.sc->ep); /* its announcement lands */
+  c.sc->helped = 1;
+  void* sq = NULL;
+  cr_assert_eq(api->isend(c.s, sb, LEN, 9, smh, NULL, &sq), FAB_OK);
+  cr_assert_not_null(sq);
+  cr_assert_eq(rd_s(c.sc)->nwait, 1, "a large send over a rail with a thread waits for the thread");
+  c.sc->helped = 0;
+  cr_assert_eq(api->close_send(c.s), FAB_OK);
+  int size = 0;
+  cr_assert_eq(wait_req(rq, &size), FAB_OK);
+  cr_assert_eq(size, LEN);
+  for (int i = 0; i < LEN; i++) cr_assert_eq(rb[i], (char)(i * 7 + 3), "byte %d", i);
+  cr_assert_eq(api->dereg_mr(c.r, smh), FAB_OK); /* the handle knows its domain */
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  cr_assert_eq(api->close_recv(c.r), FAB_OK);
+  cr_assert_eq(api->close_listen(c.l), FAB_OK);
+  cr_assert_eq(api->finalize(c.ctx), FAB_OK);
+  free(sb);
+  free(rb);
+}
