@@ -172,6 +172,19 @@ int fab_comm_sweep_closed(fab_endpoint* ep) {
   return gone;
 }
 
+void fab_comm_drive_device(fab_comm* c) {
+  fab_endpoint* home = c->home ? c->home : c->ep;
+  pthread_mutex_lock(&home->lock);
+  fab_ep_progress_locked(home);
+  FAB_LIST_FOREACH_SAFE(it, tmp, &home->privates) { /* lock order: home, then own */
+    fab_endpoint* own = FAB_CONTAINER_OF(it, fab_endpoint, private_node);
+    pthread_mutex_lock(&own->lock);
+    fab_ep_progress_locked(own);
+    pthread_mutex_unlock(&own->lock);
+  }
+  pthread_mutex_unlock(&home->lock);
+}
+
 void fab_comm_free(fab_comm* c) {
   if (c->ops->comm_fini) c->ops->comm_fini(c);
   if (c->local_id && fab_ep_id_get(c->ep, c->local_id) == c) fab_ep_id_set(c->ep, c->local_id, NULL);

@@ -122,6 +122,12 @@ fab_result fab_conn_endpoint_create(fab_device* dev, fab_endpoint** out);
 
 /* fab_comm.c */
 void fab_comm_free(fab_comm* c);
+/* Drives c's device endpoint and its send comms' own endpoints (local-only
+ * providers), each once: a call that waits on its peer (a window's
+ * withdrawal) still lets that peer's requests to any comm of ours in, as the
+ * runtime's tests of those comms would while it waits. No endpoint lock
+ * held. */
+void fab_comm_drive_device(fab_comm* c);
 /* The transport could not take an operation of c now (NULL request: the
  * runtime retries). A retry is a poll without progress for the liveness
  * check, so a runtime retrying against a dead peer gets the comm's failure

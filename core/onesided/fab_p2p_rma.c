@@ -134,6 +134,7 @@ static void withdraw(fab_comm* c, fab_pwin* p, uint64_t id) {
   while (p->withdrawals_acked < seq && c->error == FAB_OK && fab_now_ms() < until) {
     if (fab_ep_progress_locked(c->ep) != FAB_OK) break;
     pthread_mutex_unlock(&c->ep->lock);
+    fab_comm_drive_device(c); /* the peer may wait on another comm of ours for its own answer */
     sched_yield();
     pthread_mutex_lock(&c->ep->lock);
   }

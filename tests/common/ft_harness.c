@@ -187,6 +187,8 @@ static pthread_mutex_t g_log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_warns = 0;
 static int g_expect = 0;
 static char g_last_warn[1024] = "";
+static char g_watch[128] = ""; /* ft_log_watch */
+static int g_watched = 0;
 
 void ft_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
   (void)flags;
@@ -202,6 +204,11 @@ void ft_logger(int level, unsigned long flags, const char* file, int line, const
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt ? fmt : "(null format)", ap);
   va_end(ap);
+  if (g_watch[0]) {
+    pthread_mutex_lock(&g_log_lock);
+    if (g_watch[0] && strstr(msg, g_watch)) g_watched++;
+    pthread_mutex_unlock(&g_log_lock);
+  }
   if (level == FAB_LOG_WARN) {
     pthread_mutex_lock(&g_log_lock);
     g_warns++;
@@ -229,6 +236,20 @@ const char* ft_log_last_warn(void) {
   snprintf(copy, sizeof copy, "%s", g_last_warn);
   pthread_mutex_unlock(&g_log_lock);
   return copy;
+}
+
+void ft_log_watch(const char* substr) {
+  pthread_mutex_lock(&g_log_lock);
+  snprintf(g_watch, sizeof g_watch, "%s", substr ? substr : "");
+  g_watched = 0;
+  pthread_mutex_unlock(&g_log_lock);
+}
+
+int ft_log_watched(void) {
+  pthread_mutex_lock(&g_log_lock);
+  int n = g_watched;
+  pthread_mutex_unlock(&g_log_lock);
+  return n;
 }
 
 void ft_log_reset(void) {

@@ -75,6 +75,10 @@ void ft_logger(int level, unsigned long flags, const char* file, int line, const
 int ft_log_warns(void);
 const char* ft_log_last_warn(void); /* "" when none; the buffer is per process */
 void ft_log_reset(void);
+/* Counts log lines of any level that contain substr (NULL or "" stops), from
+ * now on; ft_log_watched says how many so far. */
+void ft_log_watch(const char* substr);
+int ft_log_watched(void);
 /* Marks WARNs as expected (prints them as "expected WARN"), for error-path tests. */
 void ft_log_expect_warns(int expected);
 

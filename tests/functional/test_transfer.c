@@ -295,6 +295,9 @@ FT_PAIR_TEST(many_comms, 90) {
     reqs[n + i] = ft_isend(&s, c[i].send_comm, sm[i].buf, len, 3, sm[i].mh, T_MS);
   }
   ft_wait_all(&s, reqs, 2 * n, &sizes[0][0], FAB_MAX_RECVS, 60000, "64 comms");
+  /* Both ranks deregister at once: where buffers are offered to the peer as windows (Neuron v5+), each side waits
+   * for the other's confirmation, which its wait must let in whichever of its comms the peer's request reaches */
+  ft_log_watch("did not confirm the window's withdrawal");
   for (int i = 0; i < n; i++) {
     size_t len = 1 + (size_t)i * 1013;
     FT_CHECK((size_t)sizes[i][0] == len, "comm %d: received %d bytes, expected %zu", i, sizes[i][0], len);
@@ -304,6 +307,12 @@ FT_PAIR_TEST(many_comms, 90) {
     ft_mr_free(&s, &rm[i]);
     ft_mr_free(&s, &sm[i]);
   }
+  /* each withdrawal needs the other side inside a wait of its own, so the two go in step; only the last one or two
+   * may wait out a peer that has finished and sits in the barrier below (before the fix: every comm whose send
+   * had an endpoint of its own, 16 per side on shm) */
+  FT_CHECK(ft_log_watched() <= 2, "%d deregistrations waited out the peer's confirmation of a window's withdrawal",
+           ft_log_watched());
+  ft_log_watch(NULL);
   ft_sync(peer, "traffic done", T_MS);
   ft_close_all(&s, c, n);
   free(c);
