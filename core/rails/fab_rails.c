@@ -97,8 +97,9 @@ static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** hand
     free(rc);
     return FAB_ERR_SYSTEM;
   }
-  FAB_INFO(FAB_SUBSYS_NET, "%s %s on %s over %d rails", member_kind == FAB_OBJ_SEND ? "connected to" : "accepted",
-           rc->c[0]->peer_name, d->name, n);
+  FAB_INFO(FAB_SUBSYS_NET, "%s %s on %s over %d rails, %d of them with a polling thread",
+           member_kind == FAB_OBJ_SEND ? "connected to" : "accepted", rc->c[0]->peer_name, d->name, n,
+           __builtin_popcount(rc->threads));
   *out = rc->handle;
   return FAB_OK;
 }
