@@ -248,7 +248,7 @@ struct fab_endpoint {
   int cq_serial;
   _Atomic int cq_gated;   /* a polling thread runs: it takes cq_lock too, after the runtime's threads */
   _Atomic int cq_waiting; /* runtime threads waiting for cq_lock (the polling thread yields to them) */
-  atomic_flag cq_lock;    /* a spinlock: uncontended, one exchange and a store */
+  atomic_flag cq_lock;    /* a spinlock: one exchange and a store where nobody else wants it */
   /* the polling thread of a rail (fab_ep_helper_*; FABRIC_RAIL_THREADS), under helper_lock */
   pthread_mutex_t helper_lock;
   pthread_t helper;
@@ -479,11 +479,7 @@ void fab_local_unref(fab_endpoint* owner);
 int fab_local_leave(fab_endpoint* ep);
 fab_endpoint* fab_local_next_reapable(void);
 int fab_local_buried_count(void);
-/* A thread polling ep's completion queue for the comms over several rails
- * that use ep (FABRIC_RAIL_THREADS): the first acquire starts it, the last
- * release stops and joins it (no ep lock held). 0, or -1 when no thread
- * could be started (the caller's polling still drives ep). */
-#define FAB_RAIL_THREAD_NAME "fabric-rail"
+#define FAB_RAIL_THREAD_NAME "fabric-rail" /* the polling thread's name (top -H, /proc) */
 /* A helped comm left posts to ep's polling thread: it runs the pump hook
  * after its next poll; a retry (the provider refused a post for now) waits
  * for its next round of polls, so a full queue does not keep it taking the
@@ -497,13 +493,14 @@ static inline void fab_ep_want_pump_retry(fab_endpoint* ep) {
   atomic_compare_exchange_strong_explicit(&ep->pump_wanted, &idle, FAB_PUMP_RETRY, memory_order_acq_rel,
                                           memory_order_relaxed);
 }
+/* A thread polling ep's completion queue for the comms over several rails
+ * that use ep (FABRIC_RAIL_THREADS): the first acquire starts it, the last
+ * release stops and joins it (no ep lock held). 0, or -1 when no thread
+ * could be started (the caller's polling still drives ep). */
 int fab_ep_helper_acquire(fab_endpoint* ep);
 void fab_ep_helper_release(fab_endpoint* ep);
-/* Around a tagged data post on ep: serialised with the endpoint's CQ reads
- * and other posts on local-only providers, and with a rail's polling thread
- * where one runs (which then waits for the runtime's threads instead of
- * making them sleep in the provider's lock). Returns whether it locked;
- * fab_ep_serial_leave takes that. */
+/* Takes ep's cq_lock as a runtime thread: counted in cq_waiting, so that the
+ * polling thread leaves it alone until this thread has had it. Returns 1. */
 static inline int fab_ep_lock_cq(fab_endpoint* ep) {
   atomic_fetch_add_explicit(&ep->cq_waiting, 1, memory_order_relaxed);
   for (unsigned spins = 0; atomic_flag_test_and_set_explicit(&ep->cq_lock, memory_order_acquire); spins++)
@@ -511,6 +508,11 @@ static inline int fab_ep_lock_cq(fab_endpoint* ep) {
   atomic_fetch_sub_explicit(&ep->cq_waiting, 1, memory_order_relaxed);
   return 1;
 }
+/* Around a tagged data post or a CQ read on ep: serialised with the
+ * endpoint's CQ reads and other posts on local-only providers, and with a
+ * rail's polling thread where one runs (which then waits for the runtime's
+ * threads instead of making them sleep in the provider's lock). Returns
+ * whether it locked; fab_ep_serial_leave takes that. */
 static inline int fab_ep_serial_enter(fab_endpoint* ep) {
   if (FAB_LIKELY(!ep->cq_serial) && FAB_LIKELY(!atomic_load_explicit(&ep->cq_gated, memory_order_relaxed))) return 0;
   return fab_ep_lock_cq(ep);
