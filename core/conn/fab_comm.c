@@ -285,11 +285,7 @@ static void wait_pending_requests(fab_endpoint* ep, fab_comm* c, const char* fn)
       until = now + FAB_CLOSE_DRAIN_MS < cap ? now + FAB_CLOSE_DRAIN_MS : cap;
     }
     pthread_mutex_unlock(&ep->lock);
-    if (c->home) { /* an own endpoint's announcements and credits arrive on its home (lock order: home first) */
-      pthread_mutex_lock(&c->home->lock);
-      fab_ep_progress_locked(c->home);
-      pthread_mutex_unlock(&c->home->lock);
-    }
+    if (c->home) fab_comm_drive_device(c); /* an own endpoint's announcements and credits arrive on its home */
     sched_yield();
     pthread_mutex_lock(&ep->lock);
   }
