@@ -27,6 +27,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_rma.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -310,6 +311,21 @@ static void progress(bmode* x) {
   else ok(x->api.progress(x->rctx), "rmaProgress");
 }
 
+/* The control channel's waits inside a measurement keep driving the mode's
+ * progress: a write reported complete may still need its sender's progress
+ * to reach the target (a provider's queue, a connection's flow), and a rank
+ * blocked in read() would leave the other rank waiting for it forever. */
+static void ctl_recv_driving(bmode* x, void* p, size_t n) {
+  struct pollfd pfd = {.fd = ctl, .events = POLLIN};
+  while (poll(&pfd, 1, 0) == 0) progress(x);
+  ctl_recv(p, n);
+}
+static void barrier_driving(bmode* x) {
+  char c = 'b';
+  ctl_send(&c, 1);
+  ctl_recv_driving(x, &c, 1);
+}
+
 /* Signals seen from the peer: raw counts remote writes with CQ data, the
  * plugin reads the signal word the peer adds to. */
 static uint64_t signals(bmode* x) {
@@ -321,8 +337,8 @@ static void wait_signals(bmode* x, uint64_t want) {
   uint64_t t0 = now_ns();
   while (signals(x) < want) {
     progress(x);
-    if (now_ns() - t0 > 60ull * 1000000000ull) die("%s: %llu signals of %llu after 60 s", mode_name[x->m],
-                                                    (unsigned long long)signals(x), (unsigned long long)want);
+    if (now_ns() - t0 > 60ull * 1000000000ull) die("%s: %llu signals of %llu after 60 s (local %ld of %ld)", mode_name[x->m],
+                                                    (unsigned long long)signals(x), (unsigned long long)want, x->local_seen, x->local_posted);
   }
 }
 
@@ -366,7 +382,7 @@ static double lat_once(bmode* x, size_t size, int iters, uint64_t salt) {
   size_t off = data_off();
   unsigned char* src = x->win + src_off();
   fill(src, size, salt);
-  barrier();
+  barrier_driving(x);
   uint64_t t0 = now_ns();
   for (int i = 1; i <= iters; i++) {
     uint64_t seq = salt + (uint64_t)i;
@@ -384,7 +400,7 @@ static double lat_once(bmode* x, size_t size, int iters, uint64_t salt) {
   }
   double us = (double)(now_ns() - t0) / 1e3 / iters / 2;
   if (size > 8) check(x->win + off, size - 8, salt, "lat data");
-  barrier();
+  barrier_driving(x);
   return us;
 }
 
@@ -397,7 +413,7 @@ static double bw_once(bmode* x, size_t size, size_t total, uint64_t salt) {
   unsigned char* src = x->win + src_off();
   fill(src, size * slots, salt);
   uint64_t base = signals(x);
-  barrier();
+  barrier_driving(x);
   uint64_t t0 = now_ns();
   double gbs = 0;
   if (rank == 0) {
@@ -410,7 +426,7 @@ static double bw_once(bmode* x, size_t size, size_t total, uint64_t salt) {
     void* r = put(x, off, 8, 1); /* the signal the target waits for, behind every put */
     complete(x, &r, 1);
     double t;
-    ctl_recv(&t, sizeof t);
+    ctl_recv_driving(x, &t, sizeof t);
     gbs = t;
   } else {
     wait_signals(x, base + 1);
@@ -419,14 +435,14 @@ static double bw_once(bmode* x, size_t size, size_t total, uint64_t salt) {
     ctl_send(&t, sizeof t);
     gbs = t;
   }
-  barrier();
+  barrier_driving(x);
   return gbs;
 }
 
 static double sigrate_once(bmode* x, long n) {
   size_t off = data_off();
   uint64_t base = signals(x);
-  barrier();
+  barrier_driving(x);
   uint64_t t0 = now_ns();
   double rate = 0;
   if (rank == 0) {
@@ -436,13 +452,13 @@ static double sigrate_once(bmode* x, long n) {
       for (int j = 0; j < k; j++) reqs[j] = put(x, off + (size_t)j * 8, 8, 1);
       complete(x, reqs, k);
     }
-    ctl_recv(&rate, sizeof rate);
+    ctl_recv_driving(x, &rate, sizeof rate);
   } else {
     wait_signals(x, base + (uint64_t)n);
     rate = (double)n / ((double)(now_ns() - t0) / 1e9) / 1e6;
     ctl_send(&rate, sizeof rate);
   }
-  barrier();
+  barrier_driving(x);
   return rate;
 }
 
