@@ -14,7 +14,9 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <linux/futex.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -391,6 +393,13 @@ static __attribute__((noinline)) void sweep_sometimes(fab_endpoint* ep) {
 /* --- a rail's polling thread ---------------------------------------------------- */
 
 enum { FAB_HELPER_SPINS = 64 }; /* polls between yields */
+/* With no request live on its endpoint's comms for this long, the thread
+ * sleeps until the next one is handed out (fab_ep_helper_busy): a rail
+ * costs a core only while its comms move data, not through a runtime's
+ * compute phases. Nothing waits on a sleeping thread: with no request live
+ * nothing is owed, and the runtime's own tests still read the CQ one time in
+ * FAB_HELPED_POLL_EVERY while the thread wakes. */
+enum { FAB_HELPER_IDLE_MS = 10, FAB_HELPER_NAP_MS = 100 };
 
 static fab_result poll_read(fab_endpoint* ep, const fab_cqe* e, ssize_t n);
 
@@ -417,15 +426,54 @@ static void helper_pump(fab_endpoint* ep) {
   pthread_mutex_unlock(&ep->lock);
 }
 
+static int futex_word(_Atomic int* w, int op, int val, const struct timespec* timeout) {
+  return (int)syscall(SYS_futex, (int*)w, op, val, timeout, NULL, 0);
+}
+
+void fab_ep_helper_wake(fab_endpoint* ep) {
+  if (atomic_exchange(&ep->helper_asleep, 0)) futex_word(&ep->helper_asleep, FUTEX_WAKE_PRIVATE, 1, NULL);
+}
+
+/* Sleeps until a request is handed out, the thread is stopped, or a nap
+ * ends. The store of asleep before the load of busy pairs with
+ * fab_ep_helper_busy's increment before its load of asleep: one of the two
+ * sees the other, so a request handed out now is never slept through. */
+static void helper_sleep(fab_endpoint* ep) {
+  atomic_store(&ep->helper_asleep, 1);
+  if (atomic_load(&ep->helper_busy) <= 0 && atomic_load(&ep->helper_run)) {
+    struct timespec nap = {.tv_sec = 0, .tv_nsec = FAB_HELPER_NAP_MS * 1000000L};
+    futex_word(&ep->helper_asleep, FUTEX_WAIT_PRIVATE, 1, &nap);
+  }
+  atomic_store(&ep->helper_asleep, 0);
+}
+
+/* Whether the thread has been idle long enough to sleep: no request live
+ * and no post left to it since idle_since (0: busy until now). */
+static int helper_idle_long(fab_endpoint* ep, int64_t* idle_since) {
+  if (atomic_load_explicit(&ep->helper_busy, memory_order_acquire) > 0 ||
+      atomic_load_explicit(&ep->pump_wanted, memory_order_acquire)) {
+    *idle_since = 0;
+    return 0;
+  }
+  int64_t now = fab_now_ms();
+  if (!*idle_since) *idle_since = now;
+  return now - *idle_since >= FAB_HELPER_IDLE_MS;
+}
+
 static void* helper_main(void* arg) {
   fab_endpoint* ep = arg;
   pthread_setname_np(pthread_self(), FAB_RAIL_THREAD_NAME); /* shows in top -H and /proc */
+  int64_t idle_since = 0;
   while (atomic_load_explicit(&ep->helper_run, memory_order_acquire)) {
     for (int i = 0; i < FAB_HELPER_SPINS; i++) {
       if (helper_poll(ep) != FAB_OK) return NULL; /* the CQ failed: the comms' own calls report it */
       if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire) == FAB_PUMP_NOW) helper_pump(ep);
     }
     if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire)) helper_pump(ep); /* retries too */
+    if (helper_idle_long(ep, &idle_since)) {
+      helper_sleep(ep); /* a nap that ends with nothing live sleeps again after one round of polls */
+      continue;
+    }
     sched_yield();
   }
   return NULL;
@@ -434,7 +482,10 @@ static void* helper_main(void* arg) {
 /* Stops the thread (helper_lock held: the thread never takes it, so the
  * join cannot wait on us). */
 static void helper_stop_locked(fab_endpoint* ep) {
-  if (atomic_exchange(&ep->helper_run, 0)) pthread_join(ep->helper, NULL);
+  if (atomic_exchange(&ep->helper_run, 0)) {
+    fab_ep_helper_wake(ep);
+    pthread_join(ep->helper, NULL);
+  }
   atomic_store(&ep->cq_gated, 0);
   ep->helper_users = 0;
 }
@@ -449,6 +500,8 @@ int fab_ep_helper_acquire(fab_endpoint* ep) {
   int rc = 0;
   pthread_mutex_lock(&ep->helper_lock);
   if (ep->helper_users++ == 0) {
+    atomic_store(&ep->helper_busy, 0);
+    atomic_store(&ep->helper_asleep, 0);
     atomic_store(&ep->helper_run, 1);
     atomic_store(&ep->cq_gated, 1);
     if (pthread_create(&ep->helper, NULL, helper_main, ep) != 0) {

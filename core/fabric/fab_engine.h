@@ -255,6 +255,8 @@ struct fab_endpoint {
   int helper_users;       /* comms over several rails using it */
   _Atomic int helper_run; /* the thread polls while set */
   _Atomic int pump_wanted; /* a comm left posts to the thread (fab_ep_want_pump) */
+  _Atomic int helper_busy;   /* requests live on ep's comms while the thread runs (fab_req_get/put) */
+  _Atomic int helper_asleep; /* the thread sleeps on this word (a futex) after FAB_HELPER_IDLE_MS idle */
 };
 
 /* --- comms and requests --------------------------------------------------- */
@@ -277,6 +279,7 @@ struct fab_req {
   uint8_t type;  /* FAB_REQ_SEND / RECV */
   uint8_t n;     /* buffers: the sizes test reports */
   uint8_t prof;  /* profiler events started for it (their handles: comm->prof_eh) */
+  uint8_t busy;  /* counted in its endpoint's helper_busy (a polling thread ran when it was handed out) */
   _Atomic int pending; /* operations not completed yet (posted or not); the last
                         * write of a completion: 0 hands r back to its owner */
   fab_result result;   /* first error of an operation */
@@ -499,6 +502,16 @@ static inline void fab_ep_want_pump_retry(fab_endpoint* ep) {
  * could be started (the caller's polling still drives ep). */
 int fab_ep_helper_acquire(fab_endpoint* ep);
 void fab_ep_helper_release(fab_endpoint* ep);
+/* A request of a comm on ep was handed out while ep's polling thread runs:
+ * the thread stays awake until none is live, and wakes if it slept. */
+void fab_ep_helper_wake(fab_endpoint* ep);
+static inline void fab_ep_helper_busy(fab_endpoint* ep) {
+  atomic_fetch_add(&ep->helper_busy, 1); /* before the asleep load: pairs with the thread's store and load */
+  if (FAB_UNLIKELY(atomic_load(&ep->helper_asleep))) fab_ep_helper_wake(ep);
+}
+static inline void fab_ep_helper_idle(fab_endpoint* ep) {
+  atomic_fetch_sub_explicit(&ep->helper_busy, 1, memory_order_release);
+}
 /* Takes ep's cq_lock as a runtime thread: counted in cq_waiting, so that the
  * polling thread leaves it alone until this thread has had it. Returns 1. */
 static inline int fab_ep_lock_cq(fab_endpoint* ep) {

@@ -28,6 +28,11 @@ static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npendin
   r->type = type;
   r->n = (uint8_t)n;
   r->prof = 0;
+  r->busy = 0;
+  if (FAB_UNLIKELY(atomic_load_explicit(&c->ep->cq_gated, memory_order_relaxed))) {
+    r->busy = 1;
+    fab_ep_helper_busy(c->ep);
+  }
   r->result = FAB_OK;
   atomic_store_explicit(&r->pending, npending, memory_order_relaxed);
   return r;
@@ -35,6 +40,7 @@ static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npendin
 
 static inline void fab_req_put(fab_req* r) {
   r->head.state = FAB_REQ_FREE;
+  if (FAB_UNLIKELY(r->busy)) fab_ep_helper_idle(r->comm->ep);
   if (FAB_UNLIKELY(r->errmsg != NULL)) {
     free(r->errmsg);
     r->errmsg = NULL;

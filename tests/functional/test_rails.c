@@ -467,22 +467,33 @@ FT_PAIR_TEST(rails_threads, 120) {
   ft_side_close(&s);
 }
 
-/* Threads of this process named as the rails' polling threads. */
-static int rail_threads_running(void) {
+/* Threads of this process named as the rails' polling threads; with ticks,
+ * also the CPU time (clock ticks) they have used. */
+static int rail_threads(long* ticks) {
   DIR* d = opendir("/proc/self/task");
   FT_CHECK(d != NULL, "cannot list /proc/self/task");
   int n = 0;
   for (struct dirent* e; (e = readdir(d));) {
-    char path[300], name[32] = "";
-    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+    char path[300], stat[1024] = "";
+    snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
     FILE* f = e->d_name[0] != '.' ? fopen(path, "r") : NULL;
     if (!f) continue;
-    if (fgets(name, sizeof(name), f) && !strncmp(name, "fabric-rail", 11)) n++;
+    size_t len = fread(stat, 1, sizeof(stat) - 1, f);
     fclose(f);
+    stat[len] = 0;
+    const char* name = strchr(stat, '(');
+    const char* rest = strrchr(stat, ')');
+    if (!name || !rest || strncmp(name + 1, "fabric-rail", 11)) continue;
+    n++;
+    long utime = 0, stime = 0; /* fields 14 and 15; rest starts at field 3 */
+    int got = sscanf(rest + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime, &stime);
+    FT_CHECK(got == 2, "cannot read %s", path);
+    if (ticks) *ticks += utime + stime;
   }
   closedir(d);
   return n;
 }
+static int rail_threads_running(void) { return rail_threads(NULL); }
 
 /* FABRIC_RAIL_THREADS=1 in a process bound to one CPU (what mpirun does to
  * each of two ranks by default): one WARN says why and what to do, no
@@ -544,30 +555,57 @@ static int done_by_threads(ft_side* s, void* req) {
  * the send's request-to-send and its write are posted on the sender's rail
  * thread (rd_send_pump), the completions read on both threads; neither
  * side's tests do any of it. */
+static void move_by_threads(ft_side* s, ft_conn* c, ft_peer* peer, uint64_t salt) {
+  enum { LEN = 1 << 20 };
+  ft_mr sm, rm;
+  ft_mr_alloc(s, &sm, c->send_comm, LEN);
+  ft_mr_alloc(s, &rm, c->recv_comm, LEN);
+  ft_fill(sm.buf, LEN, salt + (uint64_t)ft_role());
+  size_t cap = LEN;
+  int tag = 200;
+  void* rreq = post_recv(s, c->recv_comm, 1, &rm.buf, &cap, &tag, &rm.mh);
+  ft_sync(peer, "posted", T_MS);
+  usleep(100 * 1000);
+  void* sreq = post_send(s, c->send_comm, sm.buf, LEN, tag, sm.mh);
+  FT_CHECK(done_by_threads(s, sreq), "a 1 MiB send over rails with threads did not complete in 3 s of tests "
+           "that leave progress to the threads");
+  FT_CHECK(done_by_threads(s, rreq), "a 1 MiB receive over rails with threads did not complete in 3 s");
+  ft_verify_or_fail(rm.buf, LEN, salt + (uint64_t)(ft_role() == FT_PARENT ? FT_CHILD : FT_PARENT),
+                    "a message the rail threads moved");
+  ft_sync(peer, "moved", T_MS);
+  ft_mr_free(s, &sm);
+  ft_mr_free(s, &rm);
+}
+
 FT_PAIR_TEST(rails_threads_post, 120) {
   setenv("FABRIC_RAIL_THREADS", "2", 1);
   ft_side s;
   ft_conn c;
   if (!open_fused(&s, peer, &c, 2, 1)) return;
-  enum { LEN = 1 << 20 };
-  ft_mr sm, rm;
-  ft_mr_alloc(&s, &sm, c.send_comm, LEN);
-  ft_mr_alloc(&s, &rm, c.recv_comm, LEN);
-  ft_fill(sm.buf, LEN, 77 + (uint64_t)ft_role());
-  size_t cap = LEN;
-  int tag = 200;
-  void* rreq = post_recv(&s, c.recv_comm, 1, &rm.buf, &cap, &tag, &rm.mh);
-  ft_sync(peer, "posted", T_MS);
-  usleep(100 * 1000);
-  void* sreq = post_send(&s, c.send_comm, sm.buf, LEN, tag, sm.mh);
-  FT_CHECK(done_by_threads(&s, sreq), "a 1 MiB send over rails with threads did not complete in 3 s of tests "
-           "that leave progress to the threads");
-  FT_CHECK(done_by_threads(&s, rreq), "a 1 MiB receive over rails with threads did not complete in 3 s");
-  ft_verify_or_fail(rm.buf, LEN, 77 + (uint64_t)(ft_role() == FT_PARENT ? FT_CHILD : FT_PARENT),
-                    "a message the rail threads moved");
-  ft_sync(peer, "moved", T_MS);
-  ft_mr_free(&s, &sm);
-  ft_mr_free(&s, &rm);
+  move_by_threads(&s, &c, peer, 77);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
+
+/* A rail's polling thread sleeps once no request of its comms has been live
+ * for a while (a runtime's compute phase), so it costs no core then, and
+ * the next request wakes it: that message again moves with tests that leave
+ * all progress to the threads. */
+FT_PAIR_TEST(rails_threads_sleep_idle, 120) {
+  setenv("FABRIC_RAIL_THREADS", "2", 1);
+  ft_side s;
+  ft_conn c;
+  if (!open_fused(&s, peer, &c, 2, 1)) return;
+  FT_CHECK(rail_threads_running() == 2, "%d rail threads over 2 rails", rail_threads_running());
+  move_by_threads(&s, &c, peer, 78);
+  usleep(100 * 1000); /* past the threads' idle time */
+  long hz = sysconf(_SC_CLK_TCK), t0 = 0, t1 = 0;
+  rail_threads(&t0);
+  usleep(500 * 1000);
+  rail_threads(&t1);
+  long spent_ms = (t1 - t0) * 1000 / hz;
+  FT_CHECK(spent_ms <= 50, "the rail threads used %ld ms of CPU in 500 ms with no request live", spent_ms);
+  move_by_threads(&s, &c, peer, 79);
   ft_close_all(&s, &c, 1);
   ft_side_close(&s);
 }
