@@ -500,7 +500,6 @@ int fab_ep_helper_acquire(fab_endpoint* ep) {
   int rc = 0;
   pthread_mutex_lock(&ep->helper_lock);
   if (ep->helper_users++ == 0) {
-    atomic_store(&ep->helper_busy, 0);
     atomic_store(&ep->helper_asleep, 0);
     atomic_store(&ep->helper_run, 1);
     atomic_store(&ep->cq_gated, 1);
