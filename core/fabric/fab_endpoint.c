@@ -462,7 +462,6 @@ static int helper_idle_long(fab_endpoint* ep, int64_t* idle_since) {
 
 static void* helper_main(void* arg) {
   fab_endpoint* ep = arg;
-  pthread_setname_np(pthread_self(), FAB_RAIL_THREAD_NAME); /* shows in top -H and /proc */
   int64_t idle_since = 0;
   while (atomic_load_explicit(&ep->helper_run, memory_order_acquire)) {
     for (int i = 0; i < FAB_HELPER_SPINS; i++) {
@@ -508,6 +507,10 @@ int fab_ep_helper_acquire(fab_endpoint* ep) {
       atomic_store(&ep->cq_gated, 0);
       ep->helper_users = 0;
       rc = -1;
+    } else {
+      /* named before the comm is handed back (top -H, /proc): set inside the
+       * thread, a look right after connect could miss it */
+      pthread_setname_np(ep->helper, FAB_RAIL_THREAD_NAME);
     }
   }
   pthread_mutex_unlock(&ep->helper_lock);
