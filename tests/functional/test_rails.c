@@ -610,6 +610,43 @@ FT_PAIR_TEST(rails_threads_sleep_idle, 120) {
   ft_side_close(&s);
 }
 
+/* A connection closed with a receive posted and never tested to the end
+ * leaves no live request behind: the rails' threads, still running for
+ * another connection over the same rails, sleep once that one is idle. */
+FT_PAIR_TEST(rails_threads_sleep_after_close, 120) {
+  setenv("FABRIC_RAIL_THREADS", "2", 1);
+  ft_side s;
+  int nphys = open_with_copies(&s, peer);
+  if (ft_api_selected() != FT_API_CORE || !s.api->make_vdevice) {
+    ft_side_close(&s);
+    return;
+  }
+  s.dev = fuse(&s, nphys, 2);
+  FT_OK(s.api->get_properties(s.dev, &s.props));
+  ft_conn c[2];
+  ft_connect_all(&s, c, 2, T_MS);
+  ft_mr m;
+  ft_mr_alloc(&s, &m, c[1].recv_comm, 4096);
+  size_t cap = 4096;
+  int tag = 300;
+  void* buf = m.buf;
+  (void)post_recv(&s, c[1].recv_comm, 1, &buf, &cap, &tag, &m.mh); /* the peer never sends it */
+  ft_sync(peer, "posted", T_MS);
+  ft_close_all(&s, &c[1], 1); /* its registration stays until finalize, its buffer until after */
+  move_by_threads(&s, &c[0], peer, 80);
+  usleep(100 * 1000); /* past the threads' idle time */
+  long hz = sysconf(_SC_CLK_TCK), t0 = 0, t1 = 0;
+  rail_threads(&t0);
+  usleep(500 * 1000);
+  rail_threads(&t1);
+  long spent_ms = (t1 - t0) * 1000 / hz;
+  FT_CHECK(spent_ms <= 50, "the rail threads used %ld ms of CPU in 500 ms after a connection closed with a "
+           "receive posted", spent_ms);
+  ft_close_all(&s, &c[0], 1);
+  ft_side_close(&s);
+  ft_free(m.buf, m.len);
+}
+
 /* One rank fuses two copies, the other four: the connector's request is
  * refused, and each end says why in one WARN, never a hang. */
 FT_PAIR_TEST(rails_count_mismatch, 60) {
