@@ -57,7 +57,7 @@ static int fuse(ft_side* s, int nphys, int n) {
 /* Opens the side, fuses n copies and connects both ways. 0 (the side
  * closed again) where this table cannot: no makeVDevice, or a core-only case
  * run through a table. */
-static int open_fused(ft_side* s, ft_peer* peer, ft_conn* c, int n, int core_only) {
+static int open_fused_conns(ft_side* s, ft_peer* peer, ft_conn* c, int nconns, int n, int core_only) {
   int nphys = open_with_copies(s, peer);
   if ((core_only && ft_api_selected() != FT_API_CORE) || !s->api->make_vdevice) {
     ft_side_close(s);
@@ -65,8 +65,11 @@ static int open_fused(ft_side* s, ft_peer* peer, ft_conn* c, int n, int core_onl
   }
   s->dev = fuse(s, nphys, n);
   FT_OK(s->api->get_properties(s->dev, &s->props));
-  ft_connect_all(s, c, 1, T_MS);
+  ft_connect_all(s, c, nconns, T_MS);
   return 1;
+}
+static int open_fused(ft_side* s, ft_peer* peer, ft_conn* c, int n, int core_only) {
+  return open_fused_conns(s, peer, c, 1, n, core_only);
 }
 
 /* Posts with a parent handle, as NCCL does (the profiler events name the
@@ -587,6 +590,17 @@ FT_PAIR_TEST(rails_threads_post, 120) {
   ft_side_close(&s);
 }
 
+/* CPU time (ms) the rails' threads use in 500 ms, from 100 ms on (past
+ * their idle time), while this process leaves them nothing to do. */
+static long idle_rail_threads_cpu_ms(void) {
+  usleep(100 * 1000);
+  long hz = sysconf(_SC_CLK_TCK), t0 = 0, t1 = 0;
+  rail_threads(&t0);
+  usleep(500 * 1000);
+  rail_threads(&t1);
+  return (t1 - t0) * 1000 / hz;
+}
+
 /* A rail's polling thread sleeps once no request of its comms has been live
  * for a while (a runtime's compute phase), so it costs no core then, and
  * the next request wakes it: that message again moves with tests that leave
@@ -598,12 +612,7 @@ FT_PAIR_TEST(rails_threads_sleep_idle, 120) {
   if (!open_fused(&s, peer, &c, 2, 1)) return;
   FT_CHECK(rail_threads_running() == 2, "%d rail threads over 2 rails", rail_threads_running());
   move_by_threads(&s, &c, peer, 78);
-  usleep(100 * 1000); /* past the threads' idle time */
-  long hz = sysconf(_SC_CLK_TCK), t0 = 0, t1 = 0;
-  rail_threads(&t0);
-  usleep(500 * 1000);
-  rail_threads(&t1);
-  long spent_ms = (t1 - t0) * 1000 / hz;
+  long spent_ms = idle_rail_threads_cpu_ms();
   FT_CHECK(spent_ms <= 50, "the rail threads used %ld ms of CPU in 500 ms with no request live", spent_ms);
   move_by_threads(&s, &c, peer, 79);
   ft_close_all(&s, &c, 1);
@@ -616,15 +625,8 @@ FT_PAIR_TEST(rails_threads_sleep_idle, 120) {
 FT_PAIR_TEST(rails_threads_sleep_after_close, 120) {
   setenv("FABRIC_RAIL_THREADS", "2", 1);
   ft_side s;
-  int nphys = open_with_copies(&s, peer);
-  if (ft_api_selected() != FT_API_CORE || !s.api->make_vdevice) {
-    ft_side_close(&s);
-    return;
-  }
-  s.dev = fuse(&s, nphys, 2);
-  FT_OK(s.api->get_properties(s.dev, &s.props));
   ft_conn c[2];
-  ft_connect_all(&s, c, 2, T_MS);
+  if (!open_fused_conns(&s, peer, c, 2, 2, 1)) return;
   ft_mr m;
   ft_mr_alloc(&s, &m, c[1].recv_comm, 4096);
   size_t cap = 4096;
@@ -634,12 +636,7 @@ FT_PAIR_TEST(rails_threads_sleep_after_close, 120) {
   ft_sync(peer, "posted", T_MS);
   ft_close_all(&s, &c[1], 1); /* its registration stays until finalize, its buffer until after */
   move_by_threads(&s, &c[0], peer, 80);
-  usleep(100 * 1000); /* past the threads' idle time */
-  long hz = sysconf(_SC_CLK_TCK), t0 = 0, t1 = 0;
-  rail_threads(&t0);
-  usleep(500 * 1000);
-  rail_threads(&t1);
-  long spent_ms = (t1 - t0) * 1000 / hz;
+  long spent_ms = idle_rail_threads_cpu_ms();
   FT_CHECK(spent_ms <= 50, "the rail threads used %ld ms of CPU in 500 ms after a connection closed with a "
            "receive posted", spent_ms);
   ft_close_all(&s, &c[0], 1);
