@@ -447,11 +447,14 @@ static void helper_sleep(fab_endpoint* ep) {
   atomic_store(&ep->helper_asleep, 0);
 }
 
-/* Whether the thread has been idle long enough to sleep: no request live
- * and no post left to it since idle_since (0: busy until now). */
+/* Whether the thread has been idle long enough to sleep: no request live,
+ * no post left to it, and nothing for the sweep to revisit (closed comms,
+ * control messages the provider refused) since idle_since (0: busy until
+ * now). */
 static int helper_idle_long(fab_endpoint* ep, int64_t* idle_since) {
   if (atomic_load_explicit(&ep->helper_busy, memory_order_acquire) > 0 ||
-      atomic_load_explicit(&ep->pump_wanted, memory_order_acquire)) {
+      atomic_load_explicit(&ep->pump_wanted, memory_order_acquire) ||
+      atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0) {
     *idle_since = 0;
     return 0;
   }

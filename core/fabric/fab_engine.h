@@ -512,6 +512,13 @@ static inline void fab_ep_helper_busy(fab_endpoint* ep) {
 static inline void fab_ep_helper_idle(fab_endpoint* ep) {
   atomic_fetch_sub_explicit(&ep->helper_busy, 1, memory_order_release);
 }
+/* Counts one live request of ep's comms where its thread runs (then 1; to
+ * be given back with fab_ep_helper_idle), else 0. */
+static inline int fab_ep_helper_hold(fab_endpoint* ep) {
+  if (FAB_LIKELY(!atomic_load_explicit(&ep->cq_gated, memory_order_relaxed))) return 0;
+  fab_ep_helper_busy(ep);
+  return 1;
+}
 /* Takes ep's cq_lock as a runtime thread: counted in cq_waiting, so that the
  * polling thread leaves it alone until this thread has had it. Returns 1. */
 static inline int fab_ep_lock_cq(fab_endpoint* ep) {

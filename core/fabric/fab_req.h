@@ -28,11 +28,7 @@ static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npendin
   r->type = type;
   r->n = (uint8_t)n;
   r->prof = 0;
-  r->busy = 0;
-  if (FAB_UNLIKELY(atomic_load_explicit(&c->ep->cq_gated, memory_order_relaxed))) {
-    r->busy = 1;
-    fab_ep_helper_busy(c->ep);
-  }
+  r->busy = (uint8_t)fab_ep_helper_hold(c->ep);
   r->result = FAB_OK;
   atomic_store_explicit(&r->pending, npending, memory_order_relaxed);
   return r;
@@ -46,6 +42,16 @@ static inline void fab_req_put(fab_req* r) {
     r->errmsg = NULL;
   }
   fab_pool_put_index(&r->comm->reqs, r->pool_index);
+}
+
+/* r waits for the peer's traffic for as long as its comm lives (the rails
+ * floor's stripe notices): it does not keep the endpoint's thread awake by
+ * itself; what it waits for is held by the request that needs it. */
+static inline void fab_req_uncount(fab_req* r) {
+  if (r->busy) {
+    r->busy = 0;
+    fab_ep_helper_idle(r->comm->ep);
+  }
 }
 
 /* One operation of r completed (successfully, or after fab_req_op_failed).

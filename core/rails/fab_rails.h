@@ -179,6 +179,7 @@ typedef struct fab_rails_parent {
   struct fab_stripe_recv* st[FAB_MAX_RECVS]; /* buffer i may receive a split message: its state */
   uint8_t got[FAB_MAX_RECVS];              /* buffer i's own receive (its child) completed */
   int nstriped;                            /* buffers with a stripe state */
+  uint32_t held_rails; /* rails whose thread it keeps awake while a buffer may get a split message */
   struct fab_rails_parent* next; /* free list, or the comm's list of parents not fully posted */
 } fab_rails_parent;
 

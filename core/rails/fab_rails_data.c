@@ -99,8 +99,24 @@ static fab_rails_parent* parent_get(fab_rails_comm* rc) {
   return p;
 }
 
+/* A receive that may get a split message keeps every rail's thread awake
+ * while it lives: its notice and stripes come in on any rail, and the notice
+ * receives posted there are not counted (fab_req_uncount). */
+static void parent_hold_rails(fab_rails_parent* p) {
+  for (int k = 0; k < p->rc->n; k++)
+    if (fab_ep_helper_hold(p->rc->c[k]->ep)) p->held_rails |= 1u << k;
+}
+static void parent_let_go(fab_rails_parent* p) {
+  for (int k = 0; p->held_rails; k++)
+    if (p->held_rails & (1u << k)) {
+      p->held_rails &= ~(1u << k);
+      fab_ep_helper_idle(p->rc->c[k]->ep);
+    }
+}
+
 static void parent_put(fab_rails_parent* p) {
   fab_rails_comm* rc = p->rc;
+  parent_let_go(p);
   p->head.state = FAB_REQ_FREE;
   p->next = rc->free_list;
   rc->free_list = p;
@@ -272,6 +288,7 @@ static fab_result recv_on_rails(fab_rails_comm* rc, const int* rail, const uint3
     return res; /* FAB_OK: no stripe state free, NCCL retries */
   }
   split(p, rail);
+  if (p->nstriped) parent_hold_rails(p);
   p->head = (fab_req_head){.magic = FAB_REQ_MAGIC, .state = FAB_REQ_ACTIVE, .kind = &parent_kind};
   if (rc->unposted_tail) rc->unposted_tail->next = p;
   else rc->unposted_head = p;
@@ -439,6 +456,8 @@ fab_result fab_rails_dereg_mr(void* mhandle) {
 }
 
 void fab_rails_data_free(fab_rails_comm* rc) {
+  for (int i = 0; rc->parents && i < FAB_RAILS_PARENTS; i++)
+    if (rc->parents[i].head.state != FAB_REQ_FREE) parent_let_go(&rc->parents[i]); /* never tested to the end */
   fab_stripe_free(rc);
   fab_reqmem_free(rc->parents, FAB_RAILS_PARENTS * sizeof(*rc->parents));
   rc->parents = NULL;

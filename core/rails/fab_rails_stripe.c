@@ -325,8 +325,9 @@ static fab_result pump_rail(fab_rails_comm* rc, int k) {
       res = notice_in(rc, k, &st->rx[k][q], got);
       if (res != FAB_OK) return res;
     }
-    if (post_one(rc, k, 0, &st->rx[k][q], sizeof(st->rx[k][q]), FAB_STRIPE_TAG_CTRL, st->mh[k], req, &res) < 0)
-      return res;
+    int posted = post_one(rc, k, 0, &st->rx[k][q], sizeof(st->rx[k][q]), FAB_STRIPE_TAG_CTRL, st->mh[k], req, &res);
+    if (posted < 0) return res;
+    if (posted) fab_req_uncount(*req); /* posted for the comm's life: the receives waiting for it hold the threads */
   }
   return FAB_OK;
 }
