@@ -319,6 +319,7 @@ static fab_result close_rails(void* handle, fab_obj_kind kind) {
   fab_rails_comm* rc = fab_obj_remove(handle, kind);
   if (!rc) return FAB_ERR_INTERNAL;
   fab_result result = FAB_OK;
+  fab_rails_data_let_go(rc); /* while its rails' comms, which name the endpoints, still live */
   release_threads(rc);
   for (int k = 0; k < rc->n; k++) {
     fab_result r = kind == FAB_OBJ_RAILS_SEND ? fab_conn_close_send(rc->rail[k]) : fab_conn_close_recv(rc->rail[k]);

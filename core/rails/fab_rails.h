@@ -212,6 +212,8 @@ typedef struct fab_rails_mr {
 #define FAB_RAILS_MAGIC 0x4c494152u /* "RAIL" */
 
 /* fab_rails_data.c: a comm's parents, when it closes. */
+/* Gives back the rail threads its receives still hold (before its rails close). */
+void fab_rails_data_let_go(fab_rails_comm* rc);
 void fab_rails_data_free(fab_rails_comm* rc);
 
 /* The rail of the k-th message of a tag. */

@@ -455,9 +455,12 @@ fab_result fab_rails_dereg_mr(void* mhandle) {
   return res;
 }
 
-void fab_rails_data_free(fab_rails_comm* rc) {
+void fab_rails_data_let_go(fab_rails_comm* rc) {
   for (int i = 0; rc->parents && i < FAB_RAILS_PARENTS; i++)
     if (rc->parents[i].head.state != FAB_REQ_FREE) parent_let_go(&rc->parents[i]); /* never tested to the end */
+}
+
+void fab_rails_data_free(fab_rails_comm* rc) {
   fab_stripe_free(rc);
   fab_reqmem_free(rc->parents, FAB_RAILS_PARENTS * sizeof(*rc->parents));
   rc->parents = NULL;
