@@ -16,9 +16,9 @@
 #include "fab_core.h"
 
 enum {
-  FAB_WIRE_VERSION = 7, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
+  FAB_WIRE_VERSION = 8, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
                          * offers, and a handle checked over the bytes in use only; 5: rails; 6: stripes;
-                         * 7: truncation notices (FAB_NOTE_TRUNCATED) */
+                         * 7: truncation notices (FAB_NOTE_TRUNCATED); 8: tagged credits weighed by size */
   FAB_ADDR_MAX = 104, /* endpoint address bytes that fit in the handle */
   FAB_HANDLE_HEADER = 24, /* the handle's bytes before its address */
   FAB_HANDLE_SIZE_V4 = 64, /* what a 64-byte ABI (Neuron v4) carries of the handle */

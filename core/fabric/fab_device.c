@@ -190,6 +190,7 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   d->mr_access = t->needs.mr_access;
   d->reg_host = d->mr_local || t->needs.reg_host;
   d->inject_size = fi->tx_attr->inject_size;
+  d->tagged_max = fab_rxm_tagged_max(fi->fabric_attr->prov_name);
   d->cq_narrow = t->needs.cq_data_size && fi->domain_attr->cq_data_size < 8;
   if (d->cq_narrow && d->tags.conn_max > t->needs.conn_max_narrow) d->tags.conn_max = t->needs.conn_max_narrow;
   const char* prov = fi->fabric_attr->prov_name;
@@ -208,14 +209,14 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   atomic_store(&fab_g.ndevs, idx + 1);
   FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET,
            "device %d: provider %s domain %s, transport %s, %d tag bits, mr_mode 0x%x%s%s%s%s%s, inject %zu%s, "
-           "maxP2pBytes %zu, pci %s",
+           "tagged up to %zu, maxP2pBytes %zu, pci %s",
            idx, prov, d->name, d->ops->name, d->tags.bits, fi->domain_attr->mr_mode,
            d->mr_local && !(fi->domain_attr->mr_mode & FI_MR_LOCAL) ? " (+FI_MR_LOCAL: FABRIC_NIC_PROFILE)" : "",
            d->mr_endpoint_emulated ? " (+FI_MR_ENDPOINT: FABRIC_NIC_PROFILE)" : "",
            d->hmem ? ", FI_HMEM" : "",
            d->cq_narrow ? ", 4 bytes of remote CQ data" : "",
            d->write_flags ? ", writes complete on delivery" : "", d->inject_size,
-           d->inject_size ? "" : " (small control writes go from registered bounce slots)", d->props.max_p2p_bytes, d->pci_path ? d->pci_path : "(none)");
+           d->inject_size ? "" : " (small control writes go from registered bounce slots)", d->tagged_max, d->props.max_p2p_bytes, d->pci_path ? d->pci_path : "(none)");
   return 0;
 }
 
@@ -397,6 +398,7 @@ static void make_view(int nics) {
 fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncands) {
   char prov[128];
   if (ncands < 1) return FAB_ERR_INVALID_USAGE; /* fab_transport_candidates WARNed */
+  fab_rxm_raise_eager_limit();
   if (choose_provider(cands, ncands, prov, sizeof(prov)) != 0) return FAB_ERR_SYSTEM;
   const fab_transport_ops* t = choose_transport(cands, ncands, prov);
   if (!t) {

@@ -139,6 +139,7 @@ typedef struct fab_device {
   uint64_t mr_access;    /* access flags of every registration: what the transport needs */
   int reg_host;          /* host memory is registered (FI_MR_LOCAL, or remote access needed) */
   size_t inject_size;    /* largest fi_inject / fi_inject_write; 0: none (fab_dev_injects) */
+  size_t tagged_max;     /* rdma transport: the largest message sent tagged (fab_rxm_tagged_max) */
   int cq_narrow;         /* the provider carries 4 bytes of remote CQ data, not 8 (EFA, verbs) */
   int local_only;        /* no FI_REMOTE_COMM: a further send comm to a peer gets its own endpoint */
   int ordered_writes;    /* FI_ORDER_WAW asked and granted: RMA writes to a peer are placed in order */
@@ -444,6 +445,14 @@ int fab_nic_profile_mr_endpoint(void); /* ... FI_MR_ENDPOINT (the engine keeps r
  * (loopback, container bridges) while FI_TCP_IFACE chose none; discovery
  * leaves it out unless nothing else remains. */
 int fab_iface_listed(const struct fi_info* fi);
+
+/* fab_rxm.c: over tcp, ofi_rxm sends a message of up to its eager limit as
+ * one message, straight into the posted receive. The engine raises that limit
+ * (FABRIC_RXM_EAGER_LIMIT) before discovery unless the environment sets it,
+ * and a device on provider prov sends tagged (FABRIC_TAGGED_MAX, unless set)
+ * what its rxm sends at once. */
+void fab_rxm_raise_eager_limit(void);
+size_t fab_rxm_tagged_max(const char* prov);
 
 /* fab_device.c: discovery asks for what the candidate transports need, in
  * order of preference (fab_transport.c), and gives each device the first

@@ -35,25 +35,6 @@ static void pin_libfabric(void) {
   if (h) dlclose(h);
 }
 
-/* FABRIC_TAGGED_MAX's default is the size up to which ofi_rxm sends a
- * tagged message as one message (16 KiB, its FI_OFI_RXM_BUFFER_SIZE
- * default). A user who raises rxm's size (faster mid-size messages on tcp,
- * for more memory: docs/performance.md) gets the rdma transport's tagged
- * messages raised with it, up to the parameter's maximum, unless
- * FABRIC_TAGGED_MAX itself is set. libfabric reads that variable as a plain
- * number; anything else leaves the default. */
-static void tagged_max_follows_rxm(fab_params* p) {
-  const char* rxm = getenv("FI_OFI_RXM_BUFFER_SIZE");
-  const char* own = getenv("FABRIC_TAGGED_MAX");
-  if (!rxm || !*rxm || (own && *own)) return;
-  char* end = NULL;
-  unsigned long long v = strtoull(rxm, &end, 10);
-  if (*end != '\0' || v == 0) return;
-  p->tagged_max = v > FAB_PARAM_TAGGED_MAX_MAX ? FAB_PARAM_TAGGED_MAX_MAX : (size_t)v;
-  FAB_INFO(FAB_SUBSYS_INIT, "FABRIC_TAGGED_MAX follows FI_OFI_RXM_BUFFER_SIZE=%s: %zu bytes%s", rxm, p->tagged_max,
-           v > FAB_PARAM_TAGGED_MAX_MAX ? " (its maximum)" : "");
-}
-
 static fab_result engine_up(void) {
   if (fab_g.up) return FAB_OK;
   pin_libfabric();
@@ -63,7 +44,6 @@ static fab_result engine_up(void) {
            FAB_COMMIT, FI_MAJOR_VERSION, FI_MINOR_VERSION, FI_MAJOR(rt), FI_MINOR(rt));
   char bad[512];
   if (fab_params_load(&fab_g.params, bad, sizeof(bad)) != 0) FAB_WARN("ignored bad parameter values: %s", bad);
-  tagged_max_follows_rxm(&fab_g.params);
   fab_g.cuda_ok = fab_cuda_init();
   fab_devcopy_init(fab_g.cuda_ok, fab_g.params.gpu_emulate);
   const fab_transport_ops* cands[4];

@@ -31,6 +31,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->gpu_memory = -1;
   params->eager_max = 0u;
   params->tagged_max = 16384u;
+  params->rxm_eager_limit = 524288u;
   params->link_speed_mbps = 0;
   params->gpu_emulate = 0;
   params->rma_stage_slots = 8;
@@ -56,6 +57,7 @@ const char* const fab_param_names[] = {
     "FABRIC_GPU_MEMORY",
     "FABRIC_EAGER_MAX",
     "FABRIC_TAGGED_MAX",
+    "FABRIC_RXM_EAGER_LIMIT",
     "FABRIC_LINK_SPEED_MBPS",
     "FABRIC_GPU_EMULATE",
     "FABRIC_RMA_STAGE_SLOTS",
@@ -344,11 +346,24 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
     if (parse_size(s, &v) != 0) {
       complain(errbuf, errbuf_size, "FABRIC_TAGGED_MAX=%s is not a size (bytes, optional K/M/G/T); using 16384", s);
       bad++;
-    } else if (v > 65536u) {
-      complain(errbuf, errbuf_size, "FABRIC_TAGGED_MAX=%s is outside %zu..%zu; using 16384", s, (size_t)0u, (size_t)65536u);
+    } else if (v > 4194304u) {
+      complain(errbuf, errbuf_size, "FABRIC_TAGGED_MAX=%s is outside %zu..%zu; using 16384", s, (size_t)0u, (size_t)4194304u);
       bad++;
     } else {
       params->tagged_max = (size_t)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_RXM_EAGER_LIMIT")) != NULL) {
+    unsigned long long v;
+    if (parse_size(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_RXM_EAGER_LIMIT=%s is not a size (bytes, optional K/M/G/T); using 524288", s);
+      bad++;
+    } else if (v > 4194304u) {
+      complain(errbuf, errbuf_size, "FABRIC_RXM_EAGER_LIMIT=%s is outside %zu..%zu; using 524288", s, (size_t)0u, (size_t)4194304u);
+      bad++;
+    } else {
+      params->rxm_eager_limit = (size_t)v;
     }
   }
 

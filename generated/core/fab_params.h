@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 22
+#define FAB_PARAM_COUNT 23
 
 /* The largest value each numeric parameter takes (core/params.toml). */
 #define FAB_PARAM_MAX_P2P_BYTES_MAX 2147483647u
@@ -30,7 +30,8 @@ extern "C" {
 #define FAB_PARAM_DELIVERY_COMPLETE_MAX 1
 #define FAB_PARAM_GPU_MEMORY_MAX 1
 #define FAB_PARAM_EAGER_MAX_MAX 65536u
-#define FAB_PARAM_TAGGED_MAX_MAX 65536u
+#define FAB_PARAM_TAGGED_MAX_MAX 4194304u
+#define FAB_PARAM_RXM_EAGER_LIMIT_MAX 4194304u
 #define FAB_PARAM_LINK_SPEED_MBPS_MAX 10000000
 #define FAB_PARAM_RMA_STAGE_SLOTS_MAX 512
 #define FAB_PARAM_RMA_STAGE_BYTES_MAX 67108864u
@@ -72,8 +73,10 @@ struct fab_params {
   int gpu_memory;
   /* FABRIC_EAGER_MAX: rdma transport: the largest message a sender writes at once into its receiver's ring of 16 eager slots, without waiting for the receive's announcement (the receive copies it out). Costs 16 x (this + 32) bytes per recv comm and per send comm. 0 (the default): no eager path, every message waits for its buffer's announcement. Eager saves the wait for an announcement when receives are posted late; where they are posted ahead (NCCL, netbench) it only adds messages (credits, acknowledgements): 8-byte message rate 0.75x on shm and 0.95x on tcp;ofi_rxm of the eager-off rate (docs/results/performance-history.md §2.6). */
   size_t eager_max;
-  /* FABRIC_TAGGED_MAX: rdma transport: the largest message sent as one tagged message into its posted receive; a larger one asks its receiver for the buffer (a request-to-send the posted receive takes) and is written into it with one RMA write. Receives are announced only when a sender asks. 0: every receive is announced when posted and every message written (the protocol before; nothing reaches a peer before its receive is posted, and FABRIC_EAGER_MAX applies). The sender's value decides for its connection. At most 128 such messages (and requests-to-send) per connection may be on their way before the receiver takes some. The default, the size up to which ofi_rxm sends a tagged message at once, keeps small messages at one provider message each (raw tagged latency) and large ones zero-copy; a message just above it costs two more trips, a request and an announcement (docs/performance.md). Where `FI_OFI_RXM_BUFFER_SIZE` is set (rxm's size) and this is not, this follows it, up to 65536: `FI_OFI_RXM_BUFFER_SIZE=65536` brings most of NCCL's 128-512 KiB operations on tcp to about Socket's time, for about 250 MiB more memory per process (docs/performance.md). */
+  /* FABRIC_TAGGED_MAX: rdma transport: the largest message sent as one tagged message into its posted receive; a larger one asks its receiver for the buffer (a request-to-send the posted receive takes) and is written into it with one RMA write. Receives are announced only when a sender asks. 0: every receive is announced when posted and every message written (the protocol before; nothing reaches a peer before its receive is posted, and FABRIC_EAGER_MAX applies). The sender's value decides for its connection. Unset, on ofi_rxm it is what rxm sends as one message: over tcp its eager limit (FABRIC_RXM_EAGER_LIMIT, 512 KiB), over verbs its buffer size (`FI_OFI_RXM_BUFFER_SIZE`, 16 KiB); on other providers, and under FABRIC_NIC_PROFILE, 16 KiB. Messages on their way before the receiver takes some are bounded per connection: 128 credits, a message taking 1 + its size / 64 KiB of them (at most about 8 MiB). A message just above this size costs two more trips, a request and an announcement (docs/performance.md). */
   size_t tagged_max;
+  /* FABRIC_RXM_EAGER_LIMIT: On tcp;ofi_rxm: the largest tagged message ofi_rxm sends as one message, straight from the sender's buffer into the posted receive (one taken before its receive is posted lands in memory rxm allocates, and is copied). The plugin sets `FI_OFI_RXM_EAGER_LIMIT` to it when the engine starts, unless the environment sets that variable; it costs no pool memory (unlike `FI_OFI_RXM_BUFFER_SIZE`). rxm's own limit, 16 KiB, makes every larger message wait for a request and an answer: inside NCCL over tcp, 128 KiB-2 MiB operations took 1.1-1.7x Socket's time with it and 0.95-1.35x with 512 KiB, NCCL's largest network message (docs/performance.md). The setting is process-wide: other libfabric users in the process get it too. 0: leave rxm's own. */
+  size_t rxm_eager_limit;
   /* FABRIC_LINK_SPEED_MBPS: The link speed each device reports to NCCL, in Mb/s, which NCCL's topology search and tuning read. 0 (the default): the provider's figure for the NIC, or 100000 (100 Gb/s) where it has none (tcp on loopback, shm). NCCL's own Socket transport reports 10000 where the interface has no speed (loopback). */
   int link_speed_mbps;
   /* FABRIC_GPU_EMULATE: Tests only: one-sided windows registered as `NCCL_PTR_CUDA` are taken to be host memory that the CPU and the provider must not touch (the tests map it without access), and the plugin's GPU copies reach it through `/proc/self/mem`. Lets the CPU-only suite run the GPU-window paths (staging, signals into GPU memory) without a GPU. Never set it in production. */

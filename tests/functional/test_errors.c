@@ -596,7 +596,7 @@ FT_PAIR_TEST(truncation_huge, 60) { send_larger_body(peer, 1, 1 << 20, 64 << 20)
  * comes, never written from the closed registration (libfabric 2.x's shm
  * dereferences a closed one's descriptor and crashes). Both ranks at once. */
 static void dereg_waiting_send_body(ft_peer* peer, void* arg) {
-  enum { LEN = 131072 }; /* above FABRIC_TAGGED_MAX's largest value: it waits for its announcement */
+  enum { LEN = 8 << 20 }; /* above FABRIC_TAGGED_MAX's largest value (4 MiB): it waits for its announcement */
   ft_side s;
   ft_side_open(&s, peer, ft_api_selected());
   ft_conn c;

@@ -97,29 +97,56 @@ Test(discovery, link_speed_param) {
   api->finalize(ctx);
 }
 
-/* FABRIC_TAGGED_MAX's default follows rxm's eager size (FI_OFI_RXM_BUFFER_SIZE)
- * where that is set, up to its maximum; a FABRIC_TAGGED_MAX of the user's wins. */
-static size_t tagged_max_with(const char* rxm, const char* own) {
-  ut_use_provider("shm");
-  if (rxm) setenv("FI_OFI_RXM_BUFFER_SIZE", rxm, 1);
-  if (own) setenv("FABRIC_TAGGED_MAX", own, 1);
+/* FABRIC_TAGGED_MAX, unset, is what the device's ofi_rxm sends as one
+ * message: over tcp its eager limit, which the engine raises to
+ * FABRIC_RXM_EAGER_LIMIT unless the environment sets FI_OFI_RXM_EAGER_LIMIT;
+ * else rxm's buffer size. Each name=value sets (value NULL: unsets) a
+ * variable for one engine start; the device's value, and what the engine
+ * left in FI_OFI_RXM_EAGER_LIMIT, come back. */
+static size_t tagged_max_with(const char* prov, const char* const* vars, char* rxm_env, size_t len) {
+  static const char* const names[] = {"FI_OFI_RXM_BUFFER_SIZE", "FI_OFI_RXM_EAGER_LIMIT", "FABRIC_TAGGED_MAX",
+                                      "FABRIC_RXM_EAGER_LIMIT", "FI_OFI_RXM_ENABLE_DIRECT_SEND"};
+  ut_use_provider(prov);
+  for (const char* const* v = vars; *v; v += 2) {
+    if (v[1]) setenv(v[0], v[1], 1);
+    else unsetenv(v[0]);
+  }
   fab_ctx* ctx;
   cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
-  size_t v = fab_g.params.tagged_max;
+  size_t got = fab_g.devs[0]->tagged_max;
+  const char* e = getenv("FI_OFI_RXM_EAGER_LIMIT");
+  snprintf(rxm_env, len, "%s", e ? e : "(unset)");
   api->finalize(ctx);
-  unsetenv("FI_OFI_RXM_BUFFER_SIZE");
-  unsetenv("FABRIC_TAGGED_MAX");
-  return v;
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    if (strcmp(names[i], "FI_OFI_RXM_EAGER_LIMIT")) unsetenv(names[i]); /* the engine's own setting stays */
+  return got;
 }
 
+#define TMAX(prov, env, ...) tagged_max_with(prov, (const char* const[]){__VA_ARGS__, NULL}, env, sizeof(env))
+
 Test(discovery, tagged_max_follows_rxm) {
-  cr_assert_eq(tagged_max_with(NULL, NULL), 16384, "rxm's own default");
-  cr_assert_eq(tagged_max_with("65536", NULL), 65536);
-  cr_assert_eq(tagged_max_with("8192", NULL), 8192);
-  cr_assert_eq(tagged_max_with("1048576", NULL), 65536, "capped at FABRIC_TAGGED_MAX's maximum");
-  cr_assert_eq(tagged_max_with("65536", "4096"), 4096, "the user's FABRIC_TAGGED_MAX wins");
-  cr_assert_eq(tagged_max_with("64K", NULL), 16384, "libfabric reads a plain number: 64K leaves the default");
-  cr_assert_eq(tagged_max_with("0", NULL), 16384);
+  char env[32];
+  unsetenv("FI_OFI_RXM_EAGER_LIMIT");
+  cr_assert_eq(TMAX("tcp", env, "FABRIC_TAGGED_MAX", NULL), 524288, "rxm over tcp, raised to FABRIC_RXM_EAGER_LIMIT");
+  cr_assert_str_eq(env, "524288", "the engine raised rxm's eager limit");
+  cr_assert_eq(TMAX("tcp", env, "FABRIC_RXM_EAGER_LIMIT", "65536"), 65536, "a later start follows its parameter");
+  cr_assert_str_eq(env, "65536");
+  cr_assert_eq(TMAX("tcp", env, "FABRIC_RXM_EAGER_LIMIT", "0"), 16384, "0: rxm's own, its buffer size");
+  cr_assert_str_eq(env, "(unset)", "the engine took back its own setting");
+  cr_assert_eq(TMAX("tcp", env, "FI_OFI_RXM_BUFFER_SIZE", "65536", "FABRIC_RXM_EAGER_LIMIT", "0"), 65536);
+  cr_assert_eq(TMAX("tcp", env, "FI_OFI_RXM_EAGER_LIMIT", "131072"), 131072, "the user's rxm limit");
+  cr_assert_str_eq(env, "131072", "the user's setting is kept");
+  unsetenv("FI_OFI_RXM_EAGER_LIMIT");
+  cr_assert_eq(TMAX("tcp", env, "FI_OFI_RXM_EAGER_LIMIT", "8388608"), 4194304, "capped at FABRIC_TAGGED_MAX's maximum");
+  unsetenv("FI_OFI_RXM_EAGER_LIMIT");
+  cr_assert_eq(TMAX("tcp", env, "FI_OFI_RXM_ENABLE_DIRECT_SEND", "0"), 16384, "rxm without direct sends ignores it");
+  cr_assert_eq(TMAX("tcp", env, "FABRIC_TAGGED_MAX", "4096"), 4096, "the user's FABRIC_TAGGED_MAX wins");
+  cr_assert_eq(TMAX("tcp", env, "FABRIC_RXM_EAGER_LIMIT", "64K"), 65536, "the parameter takes suffixes");
+  cr_assert_eq(TMAX("tcp", env, "FABRIC_RXM_EAGER_LIMIT", "0", "FI_OFI_RXM_BUFFER_SIZE", "64K"), 16384,
+               "libfabric reads a plain number: 64K leaves rxm's default");
+  cr_assert_eq(TMAX("shm", env, "FABRIC_TAGGED_MAX", NULL), 16384, "no rxm: the parameter's default");
+  cr_assert_eq(TMAX("tcp", env, "FABRIC_NIC_PROFILE", "verbs"), 16384, "a NIC profile: that NIC's size");
+  unsetenv("FABRIC_NIC_PROFILE");
 }
 
 /* The tcp devices' names (one init), and how many there are. */

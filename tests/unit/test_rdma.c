@@ -386,9 +386,10 @@ static void no_receive_no_transfer(const char* prov, size_t SZ) {
   open_conn(prov, &c);
   /* asked announcements: a small message goes as a tagged message, at most RD_TAGGED_CREDITS before the
    * receiver takes some; announced at post: a small one into the eager ring's slots */
-  int asked = fab_g.params.tagged_max > 0;
-  int eager = asked ? SZ <= fab_g.params.tagged_max : SZ <= fab_g.params.eager_max;
-  int bound = asked ? RD_TAGGED_CREDITS : RD_EAGER_SLOTS;
+  size_t tmax = fab_g.devs[0]->tagged_max;
+  int asked = tmax > 0;
+  int eager = asked ? SZ <= tmax : SZ <= fab_g.params.eager_max;
+  int bound = asked ? RD_TAGGED_CREDITS / (int)rd_tagged_weight(SZ) : RD_EAGER_SLOTS;
   char* sb = malloc((size_t)N * SZ);
   char* rb = malloc((size_t)N * SZ);
   for (int i = 0; i < N; i++) memset(sb + (size_t)i * SZ, (char)(i + 1), SZ);
@@ -439,6 +440,12 @@ Test(rdma, no_receive_no_transfer_tcp) { no_receive_no_transfer("tcp", 32768); }
 Test(rdma, no_receive_no_transfer_shm) { no_receive_no_transfer("shm", 32768); }
 Test(rdma, no_receive_eager_bounded_tcp) { no_receive_no_transfer("tcp", 100); }
 Test(rdma, no_receive_eager_bounded_shm) { no_receive_no_transfer("shm", 100); }
+/* Large tagged messages take credits by size: 200000 bytes weigh 4, so 32 go
+ * (about 6 MiB) where 128 small ones would. */
+Test(rdma, no_receive_large_tagged_bounded_tcp) {
+  setenv("FABRIC_TAGGED_MAX", "262144", 1);
+  no_receive_no_transfer("tcp", 200000);
+}
 
 /* Eager and announced messages interleaved on the same tags, before any
  * receive is posted, then taken by grouped receives (the deadlock class of

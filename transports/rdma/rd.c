@@ -45,7 +45,8 @@ static void rd_comm_fini(fab_comm* c) {
 
 static size_t rd_connect_payload(fab_comm* c, void* buf, size_t cap) {
   rd_scomm* s = rd_s(c);
-  size_t tagged_max = fab_g.params.tagged_max < c->max_bytes ? fab_g.params.tagged_max : c->max_bytes;
+  size_t own = c->ep->dev->tagged_max;
+  size_t tagged_max = own < c->max_bytes ? own : c->max_bytes;
   s->tagged_max = (uint32_t)tagged_max;
   s->tcredits = RD_TAGGED_CREDITS;
   rd_hello h = {.box_addr = s->box_mr.win.addr, .box_key = s->box_mr.win.key, .box_slots = RD_SLOTS,

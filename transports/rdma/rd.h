@@ -51,10 +51,21 @@
 #include "fab_tagmap.h"
 
 enum { RD_SEND_REQS = FAB_MAX_REQUESTS * FAB_MAX_RECVS, RD_RECV_REQS = 2 * FAB_MAX_REQUESTS };
-/* Asked announcements: tagged messages a sender may have sent that its
- * receiver has not taken yet (each may sit in the receiver's provider until
- * its receive is posted); the receiver gives them back in batches of half. */
-enum { RD_TAGGED_CREDITS = 128 };
+/* Asked announcements: credits for tagged messages a sender may have sent
+ * that its receiver has not taken yet (each may sit in the receiver's
+ * provider until its receive is posted, large ones in memory the provider
+ * allocates); the receiver gives them back in batches of half. A message
+ * takes 1 + its size / RD_TAGGED_CREDIT_BYTES of them, which bounds the
+ * bytes waiting too (about RD_TAGGED_CREDITS x RD_TAGGED_CREDIT_BYTES). */
+enum { RD_TAGGED_CREDITS = 128, RD_TAGGED_CREDIT_BYTES = 65536 };
+static inline uint32_t rd_tagged_weight(size_t len) {
+  return 1 + (uint32_t)(len / RD_TAGGED_CREDIT_BYTES);
+}
+/* A sender that waits for credits holds fewer than its message's weight, so
+ * more than RD_TAGGED_CREDITS - weight are on their way: at least half, once
+ * the receiver took them, which it then gives back. */
+_Static_assert(1 + FAB_PARAM_TAGGED_MAX_MAX / RD_TAGGED_CREDIT_BYTES <= RD_TAGGED_CREDITS / 2 + 1,
+               "the heaviest tagged message leaves half the credits to give back");
 /* Over a rail with a polling thread, sends above this many bytes are posted
  * by that thread (rd_send_pump); smaller ones go at once. */
 enum { RD_HELPED_INLINE_MAX = 16384 };
@@ -256,10 +267,11 @@ ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b);
 /* Receiver, ep lock held: takes back a posted tagged receive (its
  * cancellation completes it). */
 void rd_tagged_unlisten(fab_comm* c, rd_rsub* b);
-/* Receiver, ep lock held: a tagged message took a receive; its credit goes
- * back with the next announcement, or on its own with half the others. */
-void rd_tagged_taken(fab_comm* c);
-/* Sender, ep lock held: the receiver took n more tagged messages. */
+/* Receiver, ep lock held: a tagged message of len bytes took a receive; its
+ * credits go back with the next announcement, or on their own with half the
+ * others. */
+void rd_tagged_taken(fab_comm* c, size_t len);
+/* Sender, ep lock held: the receiver gave back n credits of messages taken. */
 void rd_tagged_credits(fab_comm* c, uint32_t n);
 /* Receiver, ep lock held: gives taken messages back once half the credits wait. */
 void rd_tagged_give_back(fab_comm* c);

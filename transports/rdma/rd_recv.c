@@ -392,15 +392,16 @@ static void listened(fab_op* op, const fab_cqe* done, const struct fi_cq_err_ent
     settle(r, b, b->parts);
     return;
   }
-  rd_tagged_taken(c);
   uint32_t w = (uint32_t)done->data;
   unsigned kind = w >> 14 & 3;
-  if (!(done->flags & FI_REMOTE_CQ_DATA) ||
-      (kind == RD_TAG_MARK && sub_get(b) != RD_SUB_ANNOUNCED) || (kind != RD_TAG_DATA && done->len != 0)) {
-    rd_protocol_error(c, "a tagged message of an unknown kind, or a mark for a buffer not announced");
+  if (!(done->flags & FI_REMOTE_CQ_DATA) || (kind == RD_TAG_MARK && sub_get(b) != RD_SUB_ANNOUNCED) ||
+      (kind != RD_TAG_DATA && done->len != 0) || done->len > rd_r(c)->tagged_max) {
+    rd_protocol_error(c, "a tagged message of an unknown kind or above its sender's FABRIC_TAGGED_MAX, or a mark "
+                         "for a buffer not announced");
     settle(r, b, b->parts);
     return;
   }
+  rd_tagged_taken(c, done->len);
   rd_recv_acked(c, rd_widen_count(w & 0x3fff, atomic_load_explicit(&rd_r(c)->acked, memory_order_relaxed)));
   if (kind == RD_TAG_DATA) tagged_data(c, r, b, done->len);
   else if (kind == RD_TAG_RTS) asked_for(c, r, op->index, b);

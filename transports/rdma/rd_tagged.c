@@ -53,10 +53,11 @@ static ssize_t post_tsend(fab_comm* c, rd_sreq* q, size_t size, uint64_t tag) {
 ssize_t rd_tagged_send(fab_comm* c, fab_req* r) {
   rd_sreq* q = rd_sq(r);
   rd_scomm* s = rd_s(c);
-  if (s->tcredits == 0) return -FI_EAGAIN; /* the receiver holds as many untaken as it allows */
+  uint32_t weight = rd_tagged_weight(q->ts == RD_TS_DATA ? r->size : 0);
+  if (s->tcredits < weight) return -FI_EAGAIN; /* the receiver holds as much untaken as it allows */
   ssize_t rc = post_tsend(c, q, r->size, c->tag_base | (uint32_t)r->tag);
   if (rc != 0) return rc;
-  s->tcredits--;
+  s->tcredits -= weight;
   if (q->ts == RD_TS_DATA) return 0; /* its completion ends it (write_done) */
   if (q->ts == RD_TS_RTS) q->ts = RD_TS_ASKED;
   else if (q->ts == RD_TS_MARK) q->ts = RD_TS_MARKED;
@@ -83,8 +84,8 @@ void rd_tagged_give_back(fab_comm* c) {
     rc->credits = 0; /* else at the next message taken, or the next test */
 }
 
-void rd_tagged_taken(fab_comm* c) {
-  rd_r(c)->credits++;
+void rd_tagged_taken(fab_comm* c, size_t len) {
+  rd_r(c)->credits += (uint16_t)rd_tagged_weight(len);
   rd_tagged_give_back(c);
 }
 

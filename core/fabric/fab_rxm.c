@@ -1,0 +1,89 @@
+/*
+ * What ofi_rxm sends as one message, and so what we send tagged.
+ *
+ * ofi_rxm sends a tagged message of up to its eager limit as one message of
+ * the provider beneath; a larger one pays a rendezvous (a request, an answer,
+ * then the data), as does the rdma transport's own for a message above
+ * FABRIC_TAGGED_MAX. Over tcp the eager message goes straight from the
+ * sender's buffer into the posted receive (rxm's direct send and dynamic
+ * receive buffers); one that arrives before its receive is posted lands in
+ * memory rxm allocates for it. rxm's limit defaults to its buffer size
+ * (16 KiB), which also sizes its two pools of 1024 buffers per endpoint, but
+ * over tcp the limit can be raised alone (FI_OFI_RXM_EAGER_LIMIT), costing no
+ * pool memory. So the engine raises it to FABRIC_RXM_EAGER_LIMIT unless the
+ * environment sets it, and each device sends tagged whatever its rxm sends at
+ * once. rxm reads the variable when an endpoint opens (fi_param_get), so it
+ * is set before discovery. docs/performance.md has the figures.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "fab_engine.h"
+
+#define RXM_EAGER_ENV "FI_OFI_RXM_EAGER_LIMIT"
+enum { RXM_BUFFER_DEFAULT = 16384 }; /* rxm's FI_OFI_RXM_BUFFER_SIZE default (libfabric 1.17 and 2.x) */
+
+static char ours[32]; /* the value we put in the environment, from an earlier start; "" when none */
+
+/* A plain number of bytes from the environment; 0 when unset or anything
+ * else (libfabric then ignores it too). */
+static size_t env_bytes(const char* name) {
+  const char* s = getenv(name);
+  if (!s || !*s) return 0;
+  char* end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  return *end == '\0' ? (size_t)v : 0;
+}
+
+/* libfabric's boolean: 0, no, false or off (any case). */
+static int env_off(const char* name) {
+  const char* s = getenv(name);
+  return s && (!strcmp(s, "0") || !strcasecmp(s, "no") || !strcasecmp(s, "false") || !strcasecmp(s, "off"));
+}
+
+void fab_rxm_raise_eager_limit(void) {
+  size_t want = fab_g.params.rxm_eager_limit;
+  const char* set = getenv(RXM_EAGER_ENV);
+  int mine = set && ours[0] && !strcmp(set, ours); /* an earlier start's: follows this start's parameter */
+  if (set && *set && !mine) {
+    if (want) FAB_INFO(FAB_SUBSYS_INIT, "%s=%s, set by the environment: kept (FABRIC_RXM_EAGER_LIMIT=%zu not applied)",
+                       RXM_EAGER_ENV, set, want);
+    return;
+  }
+  if (want == 0) {
+    if (mine) unsetenv(RXM_EAGER_ENV);
+    ours[0] = '\0';
+    return;
+  }
+  char v[sizeof(ours)];
+  snprintf(v, sizeof(v), "%zu", want);
+  if (setenv(RXM_EAGER_ENV, v, 1) != 0) {
+    FAB_INFO(FAB_SUBSYS_INIT, "could not set %s (out of memory): ofi_rxm keeps its own eager limit", RXM_EAGER_ENV);
+    return;
+  }
+  memcpy(ours, v, sizeof(ours));
+  FAB_INFO(FAB_SUBSYS_INIT, "%s=%s: ofi_rxm over tcp sends tagged messages of up to %zu bytes as one message, in "
+           "this whole process (FABRIC_RXM_EAGER_LIMIT; 0 leaves rxm's own)", RXM_EAGER_ENV, v, want);
+}
+
+/* Over tcp only: elsewhere (verbs) rxm needs no-MR_LOCAL direct sends and
+ * dynamic receive buffers for a limit above its buffer size, and ignores it. */
+static size_t rxm_sends_at_once(const char* prov) {
+  size_t buffer = env_bytes("FI_OFI_RXM_BUFFER_SIZE");
+  if (buffer == 0) buffer = RXM_BUFFER_DEFAULT;
+  int over_tcp = strncmp(prov, "tcp;", 4) == 0;
+  if (!over_tcp || env_off("FI_OFI_RXM_ENABLE_DIRECT_SEND") || env_off("FI_OFI_RXM_ENABLE_DYN_RBUF")) return buffer;
+  size_t eager = env_bytes(RXM_EAGER_ENV);
+  return eager > buffer ? eager : buffer;
+}
+
+/* Under FABRIC_NIC_PROFILE the carrier stands for another NIC (EFA, verbs,
+ * cxi), whose provider is not rxm over tcp: its size, not the carrier's. */
+size_t fab_rxm_tagged_max(const char* prov) {
+  const char* own = getenv("FABRIC_TAGGED_MAX");
+  if ((own && *own) || !strstr(prov, "ofi_rxm") || fab_g.params.nic_profile[0]) return fab_g.params.tagged_max;
+  size_t at_once = rxm_sends_at_once(prov);
+  return at_once > FAB_PARAM_TAGGED_MAX_MAX ? FAB_PARAM_TAGGED_MAX_MAX : at_once;
+}
