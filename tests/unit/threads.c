@@ -14,8 +14,9 @@
  *
  * "unmatched" (4th argument) instead closes both comms with the large send
  * possibly unmatched: its sender never completes (its comm stays parked, its
- * own shm endpoint retiring, until finalize). Half as often: on rdma each
- * such close and deregistration waits out its bounded 1 s.
+ * own shm endpoint retiring, until finalize). A quarter as often (twice per
+ * thread and phase): on rdma each such close and deregistration waits out
+ * its bounded 1 s, and the run sits in every CI stage.
  *
  *   fabric-unit-threads [tcp|shm] [phases 1|2|3] [threads] [unmatched]   (exit 0 = pass)
  */
@@ -201,7 +202,7 @@ static void* run(void* arg) {
       rreq[slot] = NULL;
     }
     if (!rreq[slot] && !sreq[slot]) next_done++;
-    if (next_done / (unmatched ? 2 * CHURN_EVERY : CHURN_EVERY) > churned) {
+    if (next_done / (unmatched ? 4 * CHURN_EVERY : CHURN_EVERY) > churned) {
       churned++;
       churn(w, w->churn_s, w->churn_r);
     }
