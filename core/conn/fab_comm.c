@@ -66,6 +66,8 @@ static int requests_posted(fab_comm* c) {
   return fab_req_pending(c, unposted + 1) > unposted;
 }
 
+static int undelivered(fab_comm* c) { return c->ops->undelivered && c->ops->undelivered(c); }
+
 int fab_parked_is_comm(const fab_parked* p) { return p->destroy == comm_destroy; }
 
 void fab_comm_park_closed(fab_endpoint* ep, fab_comm* c) {
@@ -278,7 +280,7 @@ static void wait_pending_requests(fab_endpoint* ep, fab_comm* c, const char* fn)
   int64_t now = fab_now_ms(), until = now + FAB_CLOSE_DRAIN_MS;
   int64_t cap = now + (fab_g.params.peer_timeout_ms > FAB_CLOSE_DRAIN_MS ? fab_g.params.peer_timeout_ms : FAB_CLOSE_DRAIN_MS);
   uint64_t seen = atomic_load_explicit(&c->ncompl, memory_order_relaxed);
-  while (requests_posted(c) && (now = fab_now_ms()) < until) {
+  while ((requests_posted(c) || undelivered(c)) && (now = fab_now_ms()) < until) {
     if (fab_ep_progress_locked(ep) != FAB_OK) break;
     uint64_t n = atomic_load_explicit(&c->ncompl, memory_order_relaxed);
     if (n != seen) { /* one landed: the rest are moving */
@@ -299,6 +301,10 @@ static void wait_pending_requests(fab_endpoint* ep, fab_comm* c, const char* fn)
     FAB_WARN("%s: sends to %s the provider had taken were still pending after close, none of them completing for "
              "%d ms (their receives were not posted, or the peer stopped progressing); it may still read their "
              "buffers, so keep them until finalize", fn, c->peer_name, FAB_CLOSE_DRAIN_MS);
+  else if (undelivered(c) && c->error == FAB_OK)
+    FAB_WARN("%s: %s had not confirmed the last large message sent to it %d ms after close (its receive was not "
+             "posted, or the peer stopped progressing); closing the endpoint before it arrives may lose it", fn,
+             c->peer_name, FAB_CLOSE_DRAIN_MS);
 }
 
 static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {

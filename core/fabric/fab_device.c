@@ -398,7 +398,6 @@ static void make_view(int nics) {
 fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncands) {
   char prov[128];
   if (ncands < 1) return FAB_ERR_INVALID_USAGE; /* fab_transport_candidates WARNed */
-  fab_rxm_raise_eager_limit();
   if (choose_provider(cands, ncands, prov, sizeof(prov)) != 0) return FAB_ERR_SYSTEM;
   const fab_transport_ops* t = choose_transport(cands, ncands, prov);
   if (!t) {
@@ -406,6 +405,7 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
              cands[0]->name);
     return FAB_ERR_SYSTEM;
   }
+  fab_rxm_raise_eager_limit(t); /* before any endpoint opens: rxm reads it there */
   int rc;
   struct fi_info* all = query(prov, t, 0, &rc);
   uint64_t hmem_caps = gpu_memory_caps();

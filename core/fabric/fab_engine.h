@@ -447,11 +447,12 @@ int fab_nic_profile_mr_endpoint(void); /* ... FI_MR_ENDPOINT (the engine keeps r
 int fab_iface_listed(const struct fi_info* fi);
 
 /* fab_rxm.c: over tcp, ofi_rxm sends a message of up to its eager limit as
- * one message, straight into the posted receive. The engine raises that limit
- * (FABRIC_RXM_EAGER_LIMIT) before discovery unless the environment sets it,
- * and a device on provider prov sends tagged (FABRIC_TAGGED_MAX, unless set)
- * what its rxm sends at once. */
-void fab_rxm_raise_eager_limit(void);
+ * one message, straight into the posted receive. For a transport that
+ * confirms large tagged messages before close, the engine raises that limit
+ * (FABRIC_RXM_EAGER_LIMIT) before any endpoint opens unless the environment
+ * sets it, and a device on provider prov sends tagged (FABRIC_TAGGED_MAX,
+ * unless set) what its rxm sends at once. */
+void fab_rxm_raise_eager_limit(const fab_transport_ops* t);
 size_t fab_rxm_tagged_max(const char* prov);
 
 /* fab_device.c: discovery asks for what the candidate transports need, in

@@ -21,6 +21,7 @@
 #include <strings.h>
 
 #include "fab_engine.h"
+#include "fab_transport.h"
 
 #define RXM_EAGER_ENV "FI_OFI_RXM_EAGER_LIMIT"
 enum { RXM_BUFFER_DEFAULT = 16384 }; /* rxm's FI_OFI_RXM_BUFFER_SIZE default (libfabric 1.17 and 2.x) */
@@ -43,8 +44,13 @@ static int env_off(const char* name) {
   return s && (!strcmp(s, "0") || !strcasecmp(s, "no") || !strcasecmp(s, "false") || !strcasecmp(s, "off"));
 }
 
-void fab_rxm_raise_eager_limit(void) {
-  size_t want = fab_g.params.rxm_eager_limit;
+/* Only for a transport that confirms large tagged messages: an eager send
+ * completes once its bytes are in our socket, and closing the endpoint right
+ * after would drop those still queued (docs/architecture.md, "Completion
+ * level"). The sendrecv transport does not, so it keeps rxm's limit, whose
+ * rendezvous completes on delivery. */
+void fab_rxm_raise_eager_limit(const fab_transport_ops* t) {
+  size_t want = t->needs.confirms_tagged ? fab_g.params.rxm_eager_limit : 0;
   const char* set = getenv(RXM_EAGER_ENV);
   int mine = set && ours[0] && !strcmp(set, ours); /* an earlier start's: follows this start's parameter */
   if (set && *set && !mine) {

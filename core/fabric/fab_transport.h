@@ -33,6 +33,8 @@ typedef struct fab_transport_needs {
   size_t mr_key_size;    /* largest remote key it can carry (0: no remote keys) */
   int tagged;            /* needs enough tag bits for fab_tag_layout */
   int reg_host;          /* host memory must be registered (remote access) */
+  int confirms_tagged;   /* closing a send comm waits until its large tagged messages reached the peer (the
+                          * `undelivered` hook): ofi_rxm's eager limit may then be raised (fab_rxm.c) */
 } fab_transport_needs;
 
 struct fab_transport_ops {
@@ -93,6 +95,11 @@ struct fab_transport_ops {
    * yet (they read no caller buffer, and close does not wait for them).
    * ep lock held. Optional: none. */
   uint32_t (*unposted)(fab_comm* c);
+  /* Close of a send comm: 1 while a message whose send completed locally is
+   * not known to have reached the peer (its bytes may still sit in our
+   * socket, which closing the endpoint would drop); close waits for that as
+   * for posted requests. ep lock held. Optional: never. */
+  int (*undelivered)(fab_comm* c);
   /* A completion with remote CQ data and no operation of ours (a peer's
    * fi_writedata landed). Runs with the endpoint lock held. Optional. */
   void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);

@@ -384,10 +384,13 @@ FT_PAIR_TEST(peer_death, 40) {
  * completed. On tcp a write used to complete once it was in the local socket;
  * closing the endpoint with unread bytes from the peer then reset the
  * connection, the bytes still queued were dropped, and the peer's receive
- * never completed (seen in dlopen_cycle under load). Made certain here: the
- * receiver does not progress for a while after posting its receive, and posts
- * a second receive meanwhile, whose announcement the sender never reads
- * before it closes. */
+ * never completed (seen in dlopen_cycle under load). The same holds for a
+ * large tagged message on tcp, which completes once it is in the socket.
+ * Made certain here: the receiver does not progress for a while after
+ * posting its receive, and meanwhile posts a second receive (whose
+ * announcement, where buffers are announced, the sender never reads before it
+ * closes) and sends the sender a message it never receives: unread bytes
+ * either way. LEN: the largest message sent tagged on tcp by default. */
 FT_PAIR_TEST(close_right_after_send, 60) {
   enum { LEN = 512 << 10, WAIT_MS = 10000 };
   ft_side s;
@@ -417,6 +420,10 @@ FT_PAIR_TEST(close_right_after_send, 60) {
   usleep(100 * 1000); /* the sender's write completes meanwhile */
   void* r2 = ft_irecv(&s, c.recv_comm, 1, &d2, &len, &tag2, &m.mh, WAIT_MS);
   (void)r2;
+  ft_mr note;
+  ft_mr_alloc(&s, &note, c.send_comm, 64);
+  void* sq = ft_isend(&s, c.send_comm, note.buf, 8, 3, note.mh, WAIT_MS); /* never received */
+  (void)sq;
   usleep(400 * 1000); /* the sender has closed */
   int size = -1;
   ft_wait(&s, r1, &size, WAIT_MS, "the receive of a send its sender saw complete before it closed");

@@ -105,7 +105,7 @@ Test(discovery, link_speed_param) {
  * left in FI_OFI_RXM_EAGER_LIMIT, come back. */
 static size_t tagged_max_with(const char* prov, const char* const* vars, char* rxm_env, size_t len) {
   static const char* const names[] = {"FI_OFI_RXM_BUFFER_SIZE", "FI_OFI_RXM_EAGER_LIMIT", "FABRIC_TAGGED_MAX",
-                                      "FABRIC_RXM_EAGER_LIMIT", "FI_OFI_RXM_ENABLE_DIRECT_SEND"};
+                                      "FABRIC_RXM_EAGER_LIMIT", "FI_OFI_RXM_ENABLE_DIRECT_SEND", "FABRIC_TRANSPORT"};
   ut_use_provider(prov);
   for (const char* const* v = vars; *v; v += 2) {
     if (v[1]) setenv(v[0], v[1], 1);
@@ -133,6 +133,9 @@ Test(discovery, tagged_max_follows_rxm) {
   cr_assert_str_eq(env, "65536");
   cr_assert_eq(TMAX("tcp", env, "FABRIC_RXM_EAGER_LIMIT", "0"), 16384, "0: rxm's own, its buffer size");
   cr_assert_str_eq(env, "(unset)", "the engine took back its own setting");
+  cr_assert_eq(TMAX("tcp", env, "FABRIC_TAGGED_MAX", NULL), 524288);
+  TMAX("tcp", env, "FABRIC_TRANSPORT", "sendrecv");
+  cr_assert_str_eq(env, "(unset)", "sendrecv confirms no tagged message: rxm keeps its limit, whose rendezvous does");
   cr_assert_eq(TMAX("tcp", env, "FI_OFI_RXM_BUFFER_SIZE", "65536", "FABRIC_RXM_EAGER_LIMIT", "0"), 65536);
   cr_assert_eq(TMAX("tcp", env, "FI_OFI_RXM_EAGER_LIMIT", "131072"), 131072, "the user's rxm limit");
   cr_assert_str_eq(env, "131072", "the user's setting is kept");

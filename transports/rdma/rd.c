@@ -189,6 +189,8 @@ static uint64_t rd_onesided_data(const fab_comm* c, uint32_t low) {
 /* Sends waiting for their buffer's announcement have read nothing yet. */
 static uint32_t rd_unposted(fab_comm* c) { return c->kind == FAB_OBJ_SEND ? rd_s(c)->nwait : 0; }
 
+static int rd_undelivered(fab_comm* c) { return c->kind == FAB_OBJ_SEND && rd_tagged_undelivered(c); }
+
 const fab_transport_ops fab_rdma_ops = {
     .name = "rdma",
     .id = FAB_TRANSPORT_RDMA,
@@ -200,6 +202,7 @@ const fab_transport_ops fab_rdma_ops = {
             .conn_max_narrow = RD_NARROW_ID_MAX,
             .mr_key_size = 8,
             .tagged = 1,
+            .confirms_tagged = 1,
             .reg_host = 1,
         },
     /* shm: 8-byte latency 1.7x sendrecv's, message rate 0.76x, bidirectional bandwidth 0.85x
@@ -226,6 +229,7 @@ const fab_transport_ops fab_rdma_ops = {
     .give_up = rd_give_up,
     .cancel = rd_cancel,
     .unposted = rd_unposted,
+    .undelivered = rd_undelivered,
     .remote_data = rd_remote_data,
     .onesided_data = rd_onesided_data,
 };

@@ -61,6 +61,15 @@ enum { RD_TAGGED_CREDITS = 128, RD_TAGGED_CREDIT_BYTES = 65536 };
 static inline uint32_t rd_tagged_weight(size_t len) {
   return 1 + (uint32_t)(len / RD_TAGGED_CREDIT_BYTES);
 }
+/* Where a send completes once its bytes are in our socket (tcp: the device's
+ * writes ask FI_DELIVERY_COMPLETE, which rxm does not pass on for sends), a
+ * tagged message of this weight or more (64 KiB) is confirmed: its receiver
+ * gives its credits back as soon as it took it, and closing the send comm
+ * waits for them, so that the endpoint's close cannot drop its bytes. */
+enum { RD_CONFIRM_WEIGHT = 2 };
+static inline int rd_tagged_confirms(const fab_comm* c, uint32_t weight) {
+  return weight >= RD_CONFIRM_WEIGHT && (c->ep->dev->write_flags & FI_DELIVERY_COMPLETE);
+}
 /* A sender that waits for credits holds fewer than its message's weight, so
  * more than RD_TAGGED_CREDITS - weight are on their way: at least half, once
  * the receiver took them, which it then gives back. */
@@ -146,6 +155,8 @@ typedef struct rd_scomm {
   uint32_t tagged_max;         /* 0: every buffer announced at post */
   uint32_t unsent;             /* waiting sends whose tagged message is not posted yet */
   uint32_t tcredits;           /* tagged messages we may still send before the receiver takes some */
+  uint64_t tsent;              /* tagged credits used so far */
+  uint64_t confirm_at;         /* tsent after the last message whose delivery close waits for (rd_tagged_undelivered) */
 } rd_scomm;
 
 /* WAITING: numbered, its announcement not written yet; UNPOSTED, LISTENING:
@@ -273,6 +284,9 @@ void rd_tagged_unlisten(fab_comm* c, rd_rsub* b);
 void rd_tagged_taken(fab_comm* c, size_t len);
 /* Sender, ep lock held: the receiver gave back n credits of messages taken. */
 void rd_tagged_credits(fab_comm* c, uint32_t n);
+/* Sender, ep lock held: 1 while the receiver has not given back the credits
+ * of the last confirmed message (rd_tagged_confirms). */
+int rd_tagged_undelivered(fab_comm* c);
 /* Receiver, ep lock held: gives taken messages back once half the credits wait. */
 void rd_tagged_give_back(fab_comm* c);
 

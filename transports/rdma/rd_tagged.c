@@ -58,6 +58,8 @@ ssize_t rd_tagged_send(fab_comm* c, fab_req* r) {
   ssize_t rc = post_tsend(c, q, r->size, c->tag_base | (uint32_t)r->tag);
   if (rc != 0) return rc;
   s->tcredits -= weight;
+  s->tsent += weight;
+  if (q->ts == RD_TS_DATA && rd_tagged_confirms(c, weight)) s->confirm_at = s->tsent;
   if (q->ts == RD_TS_DATA) return 0; /* its completion ends it (write_done) */
   if (q->ts == RD_TS_RTS) q->ts = RD_TS_ASKED;
   else if (q->ts == RD_TS_MARK) q->ts = RD_TS_MARKED;
@@ -73,20 +75,33 @@ void rd_tagged_credits(fab_comm* c, uint32_t n) {
   s->tcredits += n;
 }
 
+/* Credits come back in the order the receiver took messages, and a later
+ * message is taken only after the earlier ones' bytes left our socket (one
+ * ordered stream per peer): so once the credits given back reach those used
+ * through the confirmed message, its bytes are out of our socket. */
+int rd_tagged_undelivered(fab_comm* c) {
+  rd_scomm* s = rd_s(c);
+  uint64_t given_back = s->tsent - (RD_TAGGED_CREDITS - s->tcredits);
+  return given_back < s->confirm_at;
+}
+
 /* --- receiver -------------------------------------------------------------------- */
 
-void rd_tagged_give_back(fab_comm* c) {
+static void give_back(fab_comm* c, uint32_t at_least) {
   rd_rcomm* rc = rd_r(c);
-  if (rc->credits < RD_TAGGED_CREDITS / 2 || c->closing || c->error != FAB_OK) return;
+  if (rc->credits < at_least || c->closing || c->error != FAB_OK) return;
   uint64_t data = rd_cq_data(c, RD_CTRL, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
   if (fab_remote_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box, RD_SLOTS * sizeof(rd_ctrl),
                            data) == 0)
     rc->credits = 0; /* else at the next message taken, or the next test */
 }
 
+void rd_tagged_give_back(fab_comm* c) { give_back(c, RD_TAGGED_CREDITS / 2); }
+
 void rd_tagged_taken(fab_comm* c, size_t len) {
-  rd_r(c)->credits += (uint16_t)rd_tagged_weight(len);
-  rd_tagged_give_back(c);
+  uint32_t weight = rd_tagged_weight(len);
+  rd_r(c)->credits += (uint16_t)weight;
+  give_back(c, rd_tagged_confirms(c, weight) ? 1 : RD_TAGGED_CREDITS / 2); /* its sender may be waiting to close */
 }
 
 ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b) {
