@@ -211,6 +211,7 @@ typedef struct rd_rcomm {
   uint16_t ring_held;      /* slots holding a message no posted buffer took yet (ep lock) */
   uint16_t credits;        /* slots copied out (asked announcements: tagged messages taken), not returned to
                             * the sender yet (ep lock) */
+  _Atomic uint8_t confirm_owed; /* a confirmed tagged message was taken and its credits not given back yet */
   uint32_t next_index;     /* number of the next announced buffer */
   _Atomic uint32_t acked;  /* announcements proven consumed (handler writes, owner reads) */
   _Atomic uint32_t nbacklog;           /* only the owner adds; owner or handler (lock) removes */

@@ -261,7 +261,8 @@ fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const 
 void rd_recv_progress(fab_comm* c) {
   rd_rcomm* rc = rd_r(c);
   /* credits: read without the lock as a hint (a give-back that could not be written is retried here) */
-  int give_back = rc->asked && __atomic_load_n(&rc->credits, __ATOMIC_RELAXED) >= RD_TAGGED_CREDITS / 2;
+  int give_back = rc->asked && (__atomic_load_n(&rc->credits, __ATOMIC_RELAXED) >= RD_TAGGED_CREDITS / 2 ||
+                                atomic_load_explicit(&rc->confirm_owed, memory_order_relaxed));
   if (FAB_LIKELY(backlog_len(rc) == 0 && !give_back)) return;
   pthread_mutex_lock(&c->ep->lock);
   ssize_t err = backlog_len(rc) ? flush_backlog(c) : 0;

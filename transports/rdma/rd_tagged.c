@@ -87,21 +87,27 @@ int rd_tagged_undelivered(fab_comm* c) {
 
 /* --- receiver -------------------------------------------------------------------- */
 
-static void give_back(fab_comm* c, uint32_t at_least) {
+/* Once half the credits wait, or at once after a confirmed message (its
+ * sender may be waiting to close). */
+void rd_tagged_give_back(fab_comm* c) {
   rd_rcomm* rc = rd_r(c);
-  if (rc->credits < at_least || c->closing || c->error != FAB_OK) return;
+  int owed = atomic_load_explicit(&rc->confirm_owed, memory_order_relaxed);
+  if (rc->credits == 0 || c->closing || c->error != FAB_OK) owed = 0; /* gone with an announcement, or moot */
+  atomic_store_explicit(&rc->confirm_owed, (uint8_t)owed, memory_order_relaxed);
+  if (rc->credits < (owed ? 1 : RD_TAGGED_CREDITS / 2) || c->closing || c->error != FAB_OK) return;
   uint64_t data = rd_cq_data(c, RD_CTRL, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
   if (fab_remote_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box, RD_SLOTS * sizeof(rd_ctrl),
-                           data) == 0)
-    rc->credits = 0; /* else at the next message taken, or the next test */
+                           data) != 0)
+    return; /* at the next message taken, or the next test (rd_recv_progress) */
+  rc->credits = 0;
+  atomic_store_explicit(&rc->confirm_owed, 0, memory_order_relaxed);
 }
-
-void rd_tagged_give_back(fab_comm* c) { give_back(c, RD_TAGGED_CREDITS / 2); }
 
 void rd_tagged_taken(fab_comm* c, size_t len) {
   uint32_t weight = rd_tagged_weight(len);
   rd_r(c)->credits += (uint16_t)weight;
-  give_back(c, rd_tagged_confirms(c, weight) ? 1 : RD_TAGGED_CREDITS / 2); /* its sender may be waiting to close */
+  if (rd_tagged_confirms(c, weight)) atomic_store_explicit(&rd_r(c)->confirm_owed, 1, memory_order_relaxed);
+  rd_tagged_give_back(c);
 }
 
 ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b) {
