@@ -46,12 +46,12 @@ static fab_result record(void** eh, int type, void* phandle, int64_t id, void* e
 
 static int has_profiler(const ft_lib* l) { return ft_net_since(l, 10); }
 
-/* The start and the stop of (op, tag, sub); checks they pair up. */
 /* rdma: a message up to the device's tagged size goes as one tagged message, a
  * larger one is written. That size (docs/params.md, FABRIC_TAGGED_MAX): the
- * variable where set; over tcp (ofi_rxm) what rxm sends at once, its eager
- * limit (FI_OFI_RXM_EAGER_LIMIT: the user's, or the plugin's, put there when
- * it started) or its buffer size if larger, up to 4 MiB; else 16 KiB. */
+ * variable where set; over tcp (ofi_rxm), outside a NIC profile, what rxm
+ * sends at once, its eager limit (FI_OFI_RXM_EAGER_LIMIT: the user's, or the
+ * plugin's, put there when it started) or its buffer size if larger, up to
+ * 4 MiB; else 16 KiB. */
 static uint64_t env_u64(const char* name) {
   const char* v = getenv(name);
   return v && *v ? strtoull(v, NULL, 10) : 0;
@@ -61,12 +61,14 @@ static uint64_t rdma_tagged_max(void) {
   const char* tm = getenv("FABRIC_TAGGED_MAX");
   if (tm && *tm) return strtoull(tm, NULL, 0);
   const char* prov = getenv("FI_PROVIDER");
-  if (!prov || strncmp(prov, "tcp", 3) != 0) return 16384;
+  const char* profile = getenv("FABRIC_NIC_PROFILE");
+  if (!prov || strncmp(prov, "tcp", 3) != 0 || (profile && *profile)) return 16384;
   uint64_t buffer = env_u64("FI_OFI_RXM_BUFFER_SIZE") ? env_u64("FI_OFI_RXM_BUFFER_SIZE") : 16384;
   uint64_t at_once = env_u64("FI_OFI_RXM_EAGER_LIMIT") > buffer ? env_u64("FI_OFI_RXM_EAGER_LIMIT") : buffer;
   return at_once > (4u << 20) ? 4u << 20 : at_once;
 }
 
+/* The start and the stop of (op, tag, sub); checks they pair up. */
 static void check_event(int op, int tag, int sub, uint64_t size, int transport, const char* what) {
   const rec* start = NULL;
   const rec* stop = NULL;

@@ -414,6 +414,9 @@ static void no_receive_no_transfer(const char* prov, size_t SZ) {
     }
   }
   rd_scomm* s = fab_comm_tp(c.sc);
+  cr_assert_leq((size_t)completed * SZ, (size_t)RD_TAGGED_CREDITS * RD_TAGGED_CREDIT_BYTES,
+                "%d sends of %zu bytes completed with no receive posted: more bytes than the credits allow", completed,
+                SZ);
   cr_assert_leq(completed, eager ? bound : 0, "%d sends completed with no receive posted", completed);
   if (eager) cr_assert_eq(completed, bound, "the eager ring's slots (or the tagged credits) are used");
   cr_assert_eq(s->nwait, (uint32_t)(N - completed), "the rest waits in the sender's queue");
