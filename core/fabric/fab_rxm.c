@@ -10,10 +10,12 @@
  * memory rxm allocates for it. rxm's limit defaults to its buffer size
  * (16 KiB), which also sizes its two pools of 1024 buffers per endpoint, but
  * over tcp the limit can be raised alone (FI_OFI_RXM_EAGER_LIMIT), costing no
- * pool memory. So the engine raises it to FABRIC_RXM_EAGER_LIMIT unless the
+ * pool memory. So, for a transport that confirms large tagged messages
+ * before close, the engine raises it to FABRIC_RXM_EAGER_LIMIT unless the
  * environment sets it, and each device sends tagged whatever its rxm sends at
  * once. rxm reads the variable when an endpoint opens (fi_param_get), so it
- * is set before discovery. docs/performance.md has the figures.
+ * is set once the transport is chosen, before any endpoint opens.
+ * docs/performance.md has the figures.
  */
 #include <stdio.h>
 #include <stdlib.h>
