@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fab_conn.h"
 #include "fab_mr.h"
@@ -448,6 +449,85 @@ Test(rdma, no_receive_eager_bounded_shm) { no_receive_no_transfer("shm", 100); }
 Test(rdma, no_receive_large_tagged_bounded_tcp) {
   setenv("FABRIC_TAGGED_MAX", "262144", 1);
   no_receive_no_transfer("tcp", 200000);
+}
+
+/* Confirmations of large tagged messages on tcp (rd_tagged_confirm_due):
+ * one write per burst, not per message. While another tagged receive is
+ * posted a taken message's credits stay with the receiver; the message that
+ * ends the burst sends them all; and one held by a receive never filled
+ * goes at a test after RD_CONFIRM_HOLD_MS. Only the endpoint is polled in
+ * between (no test on the receive side), so only a take can confirm. */
+static int sender_credits_after_polls(conn* c, int polls) {
+  for (int i = 0; i < polls; i++) fab_ep_poll(c->sc->ep);
+  pthread_mutex_lock(&c->sc->ep->lock);
+  int n = (int)rd_s(c->sc)->tcredits;
+  pthread_mutex_unlock(&c->sc->ep->lock);
+  return n;
+}
+
+/* Until the receiver took `credits` worth of messages (or gave them back). */
+static void take_polling(conn* c, int credits) {
+  for (int64_t end = ut_now_ms() + 10000;
+       rd_r(c->rc)->credits < credits && sender_credits_after_polls(c, 1) != RD_TAGGED_CREDITS;)
+    cr_assert_lt(ut_now_ms(), end, "the receiver never took the messages");
+}
+
+Test(rdma, confirm_once_per_burst_tcp) {
+  enum { SZ = 100000, N = 5 };
+  setenv("FABRIC_TAGGED_MAX", "262144", 1);
+  conn c;
+  open_conn("tcp", &c);
+  uint32_t w = rd_tagged_weight(SZ);
+  cr_assert(rd_tagged_confirms(c.sc, w), "tcp confirms messages of %d bytes", SZ);
+  char* sb = malloc((size_t)N * SZ);
+  char* rb = malloc((size_t)N * SZ);
+  void *smh, *rmh;
+  cr_assert_eq(api->reg_mr(c.s, sb, (size_t)N * SZ, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, (size_t)N * SZ, FAB_PTR_HOST, &rmh), FAB_OK);
+  void *rq[N], *sq[N];
+  /* one message taken, two more receives posted: its credits wait */
+  for (int i = 0; i < 3; i++) rq[i] = post_recv(&c, rb + (size_t)i * SZ, SZ, rmh, 9);
+  cr_assert_eq(api->isend(c.s, sb, SZ, 9, smh, NULL, &sq[0]), FAB_OK);
+  cr_assert(sq[0]);
+  take_polling(&c, (int)w);
+  int held = sender_credits_after_polls(&c, 20000);
+  cr_assert_eq(held, RD_TAGGED_CREDITS - (int)w,
+               "more receives are posted: the message's credits wait for the burst's end (%d held)", held);
+  cr_assert(rd_tagged_undelivered(c.sc), "close would still wait for it");
+  /* the burst's last message gives every credit back, at once */
+  for (int i = 1; i < 3; i++) {
+    cr_assert_eq(api->isend(c.s, sb + (size_t)i * SZ, SZ, 9, smh, NULL, &sq[i]), FAB_OK);
+    cr_assert(sq[i]);
+  }
+  for (int64_t end = ut_now_ms() + 10000; sender_credits_after_polls(&c, 1) != RD_TAGGED_CREDITS;)
+    cr_assert_lt(ut_now_ms(), end, "the message that ends the burst gives every credit back");
+  cr_assert(!rd_tagged_undelivered(c.sc));
+  /* one held by a receive never filled goes at a test once the hold is over */
+  for (int i = 3; i < N; i++) rq[i] = post_recv(&c, rb + (size_t)i * SZ, SZ, rmh, 9);
+  cr_assert_eq(api->isend(c.s, sb + 3 * (size_t)SZ, SZ, 9, smh, NULL, &sq[3]), FAB_OK);
+  cr_assert(sq[3]);
+  take_polling(&c, (int)w);
+  usleep(3000 * RD_CONFIRM_HOLD_MS);
+  int done = 0;
+  cr_assert_eq(api->test(rq[4], &done, NULL), FAB_OK); /* never filled yet: the hold is over */
+  cr_assert(!done);
+  for (int64_t end = ut_now_ms() + 10000; sender_credits_after_polls(&c, 1) != RD_TAGGED_CREDITS;)
+    cr_assert_lt(ut_now_ms(), end, "a confirmation held by an unfilled receive goes after RD_CONFIRM_HOLD_MS");
+
+  cr_assert_eq(api->isend(c.s, sb + 4 * (size_t)SZ, SZ, 9, smh, NULL, &sq[4]), FAB_OK);
+  cr_assert(sq[4]);
+  for (int i = 0; i < N; i++) {
+    int got = -1;
+    cr_assert_eq(wait_req(rq[i], &got), FAB_OK);
+    cr_assert_eq(got, SZ);
+    cr_assert_eq(wait_req(sq[i], NULL), FAB_OK);
+  }
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
+  cr_expect_eq(ut_warns(), 0);
+  free(sb);
+  free(rb);
 }
 
 /* Eager and announced messages interleaved on the same tags, before any

@@ -67,6 +67,12 @@ static inline uint32_t rd_tagged_weight(size_t len) {
  * gives its credits back as soon as it took it, and closing the send comm
  * waits for them, so that the endpoint's close cannot drop its bytes. */
 enum { RD_CONFIRM_WEIGHT = 2 };
+/* A confirmation waits for the end of a burst: while another tagged receive
+ * is posted, the message that fills it is taken soon, and its credits cover
+ * this one's (they come back in order), so one write confirms the whole
+ * burst. A receive its sender never fills would hold it, so one owed this
+ * long goes at the next test anyway. */
+enum { RD_CONFIRM_HOLD_MS = 2 };
 static inline int rd_tagged_confirms(const fab_comm* c, uint32_t weight) {
   return weight >= RD_CONFIRM_WEIGHT && (c->ep->dev->write_flags & FI_DELIVERY_COMPLETE);
 }
@@ -212,6 +218,8 @@ typedef struct rd_rcomm {
   uint16_t credits;        /* slots copied out (asked announcements: tagged messages taken), not returned to
                             * the sender yet (ep lock) */
   _Atomic uint8_t confirm_owed; /* a confirmed tagged message was taken and its credits not given back yet */
+  uint32_t listening;      /* asked: tagged receives posted and not completed (ep lock; read unlocked as a hint) */
+  int64_t owed_since_ms;   /* when confirm_owed was last set (ep lock; read unlocked as a hint) */
   uint32_t next_index;     /* number of the next announced buffer */
   _Atomic uint32_t acked;  /* announcements proven consumed (handler writes, owner reads) */
   _Atomic uint32_t nbacklog;           /* only the owner adds; owner or handler (lock) removes */
@@ -288,8 +296,13 @@ void rd_tagged_credits(fab_comm* c, uint32_t n);
 /* Sender, ep lock held: 1 while the receiver has not given back the credits
  * of the last confirmed message (rd_tagged_confirms). */
 int rd_tagged_undelivered(fab_comm* c);
-/* Receiver, ep lock held: gives taken messages back once half the credits wait. */
+/* Receiver, ep lock held: gives taken messages back once half the credits
+ * wait, or once a confirmation is due (rd_tagged_confirm_due). */
 void rd_tagged_give_back(fab_comm* c);
+/* Receiver, any thread (a hint without the lock): a confirmed message was
+ * taken, and no other tagged receive is posted or it was taken
+ * RD_CONFIRM_HOLD_MS ago. */
+int rd_tagged_confirm_due(fab_comm* c);
 
 /* rd_recv.c */
 /* ep lock held: numbers buffer b of r and announces it, or backlogs it. */

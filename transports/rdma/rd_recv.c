@@ -261,8 +261,8 @@ fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const 
 void rd_recv_progress(fab_comm* c) {
   rd_rcomm* rc = rd_r(c);
   /* credits: read without the lock as a hint (a give-back that could not be written is retried here) */
-  int give_back = rc->asked && (__atomic_load_n(&rc->credits, __ATOMIC_RELAXED) >= RD_TAGGED_CREDITS / 2 ||
-                                atomic_load_explicit(&rc->confirm_owed, memory_order_relaxed));
+  int give_back =
+      rc->asked && (__atomic_load_n(&rc->credits, __ATOMIC_RELAXED) >= RD_TAGGED_CREDITS / 2 || rd_tagged_confirm_due(c));
   if (FAB_LIKELY(backlog_len(rc) == 0 && !give_back)) return;
   pthread_mutex_lock(&c->ep->lock);
   ssize_t err = backlog_len(rc) ? flush_backlog(c) : 0;
@@ -387,6 +387,7 @@ static void listened(fab_op* op, const fab_cqe* done, const struct fi_cq_err_ent
   fab_req* r = op->owner;
   fab_comm* c = r->comm;
   rd_rsub* b = &rd_rq(r)->sub[op->index];
+  __atomic_store_n(&rd_r(c)->listening, rd_r(c)->listening - 1, __ATOMIC_RELAXED);
   if (FAB_UNLIKELY(err != NULL)) {
     size_t got = fab_req_op_failed(r, b->size, b->ctrl.tag, err);
     if (!(b->parts & RD_PART_WRITE)) b->got = got;

@@ -87,14 +87,21 @@ int rd_tagged_undelivered(fab_comm* c) {
 
 /* --- receiver -------------------------------------------------------------------- */
 
-/* Once half the credits wait, or at once after a confirmed message (its
- * sender may be waiting to close). */
+int rd_tagged_confirm_due(fab_comm* c) {
+  rd_rcomm* rc = rd_r(c);
+  if (!atomic_load_explicit(&rc->confirm_owed, memory_order_relaxed)) return 0;
+  return __atomic_load_n(&rc->listening, __ATOMIC_RELAXED) == 0 ||
+         fab_now_ms() - __atomic_load_n(&rc->owed_since_ms, __ATOMIC_RELAXED) >= RD_CONFIRM_HOLD_MS;
+}
+
+/* Once half the credits wait, or when a confirmation is due (its sender may
+ * be waiting to close). */
 void rd_tagged_give_back(fab_comm* c) {
   rd_rcomm* rc = rd_r(c);
-  int owed = atomic_load_explicit(&rc->confirm_owed, memory_order_relaxed);
-  if (rc->credits == 0 || c->closing || c->error != FAB_OK) owed = 0; /* gone with an announcement, or moot */
-  atomic_store_explicit(&rc->confirm_owed, (uint8_t)owed, memory_order_relaxed);
-  if (rc->credits < (owed ? 1 : RD_TAGGED_CREDITS / 2) || c->closing || c->error != FAB_OK) return;
+  if (rc->credits == 0 || c->closing || c->error != FAB_OK) /* gone with an announcement, or moot */
+    atomic_store_explicit(&rc->confirm_owed, 0, memory_order_relaxed);
+  if (rc->credits < RD_TAGGED_CREDITS / 2 && !rd_tagged_confirm_due(c)) return;
+  if (c->closing || c->error != FAB_OK) return;
   uint64_t data = rd_cq_data(c, RD_CTRL, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
   if (fab_remote_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box, RD_SLOTS * sizeof(rd_ctrl),
                            data) != 0)
@@ -104,9 +111,13 @@ void rd_tagged_give_back(fab_comm* c) {
 }
 
 void rd_tagged_taken(fab_comm* c, size_t len) {
+  rd_rcomm* rc = rd_r(c);
   uint32_t weight = rd_tagged_weight(len);
-  rd_r(c)->credits += (uint16_t)weight;
-  if (rd_tagged_confirms(c, weight)) atomic_store_explicit(&rd_r(c)->confirm_owed, 1, memory_order_relaxed);
+  rc->credits += (uint16_t)weight;
+  if (rd_tagged_confirms(c, weight) && !atomic_load_explicit(&rc->confirm_owed, memory_order_relaxed)) {
+    __atomic_store_n(&rc->owed_since_ms, fab_now_ms(), __ATOMIC_RELAXED);
+    atomic_store_explicit(&rc->confirm_owed, 1, memory_order_relaxed);
+  }
   rd_tagged_give_back(c);
 }
 
@@ -116,6 +127,7 @@ ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b) {
   void* desc = b->mr ? b->mr->desc : NULL;
   ssize_t rc;
   atomic_store_explicit(&b->state, RD_SUB_LISTENING, memory_order_relaxed);
+  __atomic_store_n(&rd_r(c)->listening, rd_r(c)->listening + 1, __ATOMIC_RELAXED);
   int held = fab_ep_serial_enter(c->ep);
   if (!dom->sink) {
     rc = fi_trecv(c->ep->ep, b->data, b->size, desc, FI_ADDR_UNSPEC, tag, 0, &b->op.ctx);
@@ -127,7 +139,10 @@ ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b) {
     rc = fi_trecvmsg(c->ep->ep, &msg, FI_COMPLETION);
   }
   fab_ep_serial_leave(c->ep, held);
-  if (rc != 0) atomic_store_explicit(&b->state, RD_SUB_UNPOSTED, memory_order_relaxed);
+  if (rc != 0) {
+    atomic_store_explicit(&b->state, RD_SUB_UNPOSTED, memory_order_relaxed);
+    __atomic_store_n(&rd_r(c)->listening, rd_r(c)->listening - 1, __ATOMIC_RELAXED);
+  }
   return rc;
 }
 
