@@ -451,7 +451,8 @@ int fab_iface_listed(const struct fi_info* fi);
  * confirms large tagged messages before close, the engine raises that limit
  * (FABRIC_RXM_EAGER_LIMIT) before any endpoint opens unless the environment
  * sets it, and a device on provider prov sends tagged (FABRIC_TAGGED_MAX,
- * unless set) what its rxm sends at once. */
+ * unless set) what its rxm sends at once; on libfabric 2.x's own tcp, which
+ * sends every size at once, FABRIC_RXM_EAGER_LIMIT. */
 void fab_rxm_raise_eager_limit(const fab_transport_ops* t);
 size_t fab_rxm_tagged_max(const char* prov);
 

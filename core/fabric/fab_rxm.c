@@ -15,6 +15,13 @@
  * environment sets it, and each device sends tagged whatever its rxm sends at
  * once. rxm reads the variable when an endpoint opens (fi_param_get), so it
  * is set once the transport is chosen, before any endpoint opens.
+ *
+ * libfabric 2.x's own tcp endpoint (provider "tcp", listed before rxm over
+ * it) has no eager limit: it sends a tagged message of any size as one
+ * message, and keeps one that arrives before its receive in memory it
+ * allocates (up to 64 per peer, then it stops reading that socket). There
+ * the rdma transport sends tagged up to the same FABRIC_RXM_EAGER_LIMIT,
+ * its credits bounding what waits, and writes what is larger.
  * docs/performance.md has the figures.
  */
 #include <stdio.h>
@@ -87,11 +94,24 @@ static size_t rxm_sends_at_once(const char* prov) {
   return eager > buffer ? eager : buffer;
 }
 
+/* libfabric 2.x's tcp without rxm: the engine's limit, unless 0 or above
+ * what tcp keeps for a receive not posted yet (FI_TCP_MAX_SAVED_SIZE; beyond
+ * it tcp holds the message back for a rendezvous of its own). */
+static size_t tcp_sends_at_once(void) {
+  size_t want = fab_g.params.rxm_eager_limit;
+  size_t saved = env_bytes("FI_TCP_MAX_SAVED_SIZE");
+  if (want == 0) return fab_g.params.tagged_max;
+  return saved && saved < want ? saved : want;
+}
+
 /* Under FABRIC_NIC_PROFILE the carrier stands for another NIC (EFA, verbs,
- * cxi), whose provider is not rxm over tcp: its size, not the carrier's. */
+ * cxi), whose provider is not tcp: its size, not the carrier's. */
 size_t fab_rxm_tagged_max(const char* prov) {
   const char* own = getenv("FABRIC_TAGGED_MAX");
-  if ((own && *own) || !strstr(prov, "ofi_rxm") || fab_g.params.nic_profile[0]) return fab_g.params.tagged_max;
-  size_t at_once = rxm_sends_at_once(prov);
+  if ((own && *own) || fab_g.params.nic_profile[0]) return fab_g.params.tagged_max;
+  size_t at_once;
+  if (!strcmp(prov, "tcp")) at_once = tcp_sends_at_once();
+  else if (strstr(prov, "ofi_rxm")) at_once = rxm_sends_at_once(prov);
+  else return fab_g.params.tagged_max;
   return at_once > FAB_PARAM_TAGGED_MAX_MAX ? FAB_PARAM_TAGGED_MAX_MAX : at_once;
 }

@@ -152,6 +152,30 @@ Test(discovery, tagged_max_follows_rxm) {
   unsetenv("FABRIC_NIC_PROFILE");
 }
 
+/* libfabric 2.x's own tcp (provider "tcp", no rxm; 1.17 has none, so the
+ * rule is asked directly): it sends every size at once, so the device sends
+ * tagged up to FABRIC_RXM_EAGER_LIMIT, or what tcp keeps for a receive not
+ * posted yet. */
+static size_t native_tcp_tagged_max(const char* name, const char* value) {
+  ut_use_provider("shm");
+  setenv(name, value, 1);
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  size_t got = fab_rxm_tagged_max("tcp");
+  api->finalize(ctx);
+  unsetenv(name);
+  return got;
+}
+
+Test(discovery, tagged_max_on_tcp_without_rxm) {
+  cr_assert_eq(native_tcp_tagged_max("FABRIC_UNIT_NOTHING", "1"), 524288, "FABRIC_RXM_EAGER_LIMIT's default");
+  cr_assert_eq(native_tcp_tagged_max("FABRIC_RXM_EAGER_LIMIT", "1M"), 1048576);
+  cr_assert_eq(native_tcp_tagged_max("FABRIC_RXM_EAGER_LIMIT", "0"), 16384, "0: FABRIC_TAGGED_MAX's default");
+  cr_assert_eq(native_tcp_tagged_max("FI_TCP_MAX_SAVED_SIZE", "65536"), 65536, "tcp's own rendezvous size");
+  cr_assert_eq(native_tcp_tagged_max("FABRIC_TAGGED_MAX", "4096"), 4096, "the user's FABRIC_TAGGED_MAX wins");
+  cr_assert_eq(native_tcp_tagged_max("FABRIC_NIC_PROFILE", "efa"), 16384, "a NIC profile: that NIC's size");
+}
+
 /* The tcp devices' names (one init), and how many there are. */
 static int tcp_devices(char names[][FAB_NAME_MAX], int cap) {
   setenv("FABRIC_PROVIDER", "tcp", 1);
