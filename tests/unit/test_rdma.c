@@ -530,6 +530,40 @@ Test(rdma, confirm_once_per_burst_tcp) {
   free(rb);
 }
 
+/* A receiver that closes with a receive still posted confirms what it took
+ * (its sender may be closing at the same time, waiting for that): the
+ * sender's close then neither waits out the drain time nor warns. */
+Test(rdma, confirm_at_receiver_close_tcp) {
+  enum { SZ = 100000 };
+  setenv("FABRIC_TAGGED_MAX", "262144", 1);
+  conn c;
+  open_conn("tcp", &c);
+  char* sb = malloc(SZ);
+  char* rb = malloc(2 * (size_t)SZ);
+  void *smh, *rmh, *sq = NULL;
+  cr_assert_eq(api->reg_mr(c.s, sb, SZ, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, 2 * (size_t)SZ, FAB_PTR_HOST, &rmh), FAB_OK);
+  void* rq = post_recv(&c, rb, SZ, rmh, 9);
+  post_recv(&c, rb + SZ, SZ, rmh, 9); /* never filled */
+  cr_assert_eq(api->isend(c.s, sb, SZ, 9, smh, NULL, &sq), FAB_OK);
+  cr_assert(sq);
+  cr_assert_eq(wait_req(rq, NULL), FAB_OK);
+  cr_assert_eq(wait_req(sq, NULL), FAB_OK);
+  cr_assert(rd_tagged_undelivered(c.sc), "a receive is still posted: the confirmation waits");
+  cr_assert_eq(api->close_recv(c.r), FAB_OK);
+  int64_t t0 = ut_now_ms();
+  cr_assert_eq(api->close_send(c.s), FAB_OK);
+  int64_t took = ut_now_ms() - t0;
+  cr_expect_eq(ut_warns(), 0, "the receiver's close confirmed the message");
+  cr_expect_lt(took, FAB_CLOSE_DRAIN_MS, "the sender's close took %lld ms", (long long)took);
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK); /* after close: allowed while the context lives */
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  cr_assert_eq(api->close_listen(c.l), FAB_OK);
+  cr_assert_eq(api->finalize(c.ctx), FAB_OK);
+  free(sb);
+  free(rb);
+}
+
 /* Eager and announced messages interleaved on the same tags, before any
  * receive is posted, then taken by grouped receives (the deadlock class of
  * aws-ofi-nccl PR #1194: a large send waiting for its buffer's announcement

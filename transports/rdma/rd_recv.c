@@ -504,6 +504,7 @@ static void drop_backlog(fab_comm* c, fab_req* only) {
  * any RDMA transport) and its completion names a connection that no longer
  * exists: it is ignored. */
 void rd_recv_cancel(fab_comm* c) {
+  rd_tagged_confirm_at_close(c);
   drop_backlog(c, NULL);
   fab_req* r;
   for (uint32_t i = 0; (r = next_in_use(c, &i));) {

@@ -94,6 +94,20 @@ int rd_tagged_confirm_due(fab_comm* c) {
          fab_now_ms() - __atomic_load_n(&rc->owed_since_ms, __ATOMIC_RELAXED) >= RD_CONFIRM_HOLD_MS;
 }
 
+/* The credits of the messages taken, in one CTRL write: 0, or the
+ * provider's error (retried at the next message taken, or the next test:
+ * rd_recv_progress). */
+static ssize_t write_credits(fab_comm* c) {
+  rd_rcomm* rc = rd_r(c);
+  uint64_t data = rd_cq_data(c, RD_CTRL, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
+  ssize_t n = fab_remote_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box,
+                                   RD_SLOTS * sizeof(rd_ctrl), data);
+  if (n != 0) return n;
+  rc->credits = 0;
+  atomic_store_explicit(&rc->confirm_owed, 0, memory_order_relaxed);
+  return 0;
+}
+
 /* Once half the credits wait, or when a confirmation is due (its sender may
  * be waiting to close). */
 void rd_tagged_give_back(fab_comm* c) {
@@ -102,12 +116,15 @@ void rd_tagged_give_back(fab_comm* c) {
     atomic_store_explicit(&rc->confirm_owed, 0, memory_order_relaxed);
   if (rc->credits < RD_TAGGED_CREDITS / 2 && !rd_tagged_confirm_due(c)) return;
   if (c->closing || c->error != FAB_OK) return;
-  uint64_t data = rd_cq_data(c, RD_CTRL, 0, RD_NO_ENTRY | (uint32_t)rc->credits << 16);
-  if (fab_remote_ctl_write(c, &rd_scratch_word, sizeof(rd_scratch_word), &rc->box, RD_SLOTS * sizeof(rd_ctrl),
-                           data) != 0)
-    return; /* at the next message taken, or the next test (rd_recv_progress) */
-  rc->credits = 0;
-  atomic_store_explicit(&rc->confirm_owed, 0, memory_order_relaxed);
+  write_credits(c);
+}
+
+void rd_tagged_confirm_at_close(fab_comm* c) {
+  rd_rcomm* rc = rd_r(c);
+  if (!atomic_load_explicit(&rc->confirm_owed, memory_order_relaxed) || rc->credits == 0 || c->error != FAB_OK)
+    return;
+  if (write_credits(c) != 0)
+    atomic_store_explicit(&rc->confirm_owed, 0, memory_order_relaxed); /* its sender waits out its close */
 }
 
 void rd_tagged_taken(fab_comm* c, size_t len) {
