@@ -64,8 +64,9 @@ static inline uint32_t rd_tagged_weight(size_t len) {
 /* Where a send completes once its bytes are in our socket (tcp: the device's
  * writes ask FI_DELIVERY_COMPLETE, which rxm does not pass on for sends), a
  * tagged message of this weight or more (64 KiB) is confirmed: its receiver
- * gives its credits back as soon as it took it, and closing the send comm
- * waits for them, so that the endpoint's close cannot drop its bytes. */
+ * gives its credits back once it took it (at the end of its burst, below),
+ * and closing the send comm waits for them, so that the endpoint's close
+ * cannot drop its bytes. */
 enum { RD_CONFIRM_WEIGHT = 2 };
 /* A confirmation waits for the end of a burst: while another tagged receive
  * is posted, the message that fills it is taken soon, and its credits cover
