@@ -564,6 +564,52 @@ Test(rdma, confirm_at_receiver_close_tcp) {
   free(rb);
 }
 
+/* A confirmation whose write the provider refused stays owed and goes at a
+ * later test. The refusal is made by shrinking the sender's mailbox as this
+ * side knows it, so that the write's window check fails: the same branch as
+ * a full transmit queue. */
+Test(rdma, confirm_retried_after_failed_write_tcp) {
+  enum { SZ = 100000 };
+  setenv("FABRIC_TAGGED_MAX", "262144", 1);
+  conn c;
+  open_conn("tcp", &c);
+  int w = (int)rd_tagged_weight(SZ);
+  char* sb = malloc(SZ);
+  char* rb = malloc(2 * (size_t)SZ);
+  void *smh, *rmh, *sq = NULL;
+  cr_assert_eq(api->reg_mr(c.s, sb, SZ, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, 2 * (size_t)SZ, FAB_PTR_HOST, &rmh), FAB_OK);
+  rd_rcomm* rc = rd_r(c.rc);
+  uint64_t box_len = rc->box.len;
+  rc->box.len = 0;
+  void* rq = post_recv(&c, rb, SZ, rmh, 9);
+  cr_assert_eq(api->isend(c.s, sb, SZ, 9, smh, NULL, &sq), FAB_OK);
+  cr_assert(sq);
+  cr_assert_eq(wait_req(rq, NULL), FAB_OK);
+  cr_assert_eq(wait_req(sq, NULL), FAB_OK);
+  cr_assert_eq(sender_credits_after_polls(&c, 20000), RD_TAGGED_CREDITS - w, "the confirmation could not be written");
+  cr_assert(atomic_load(&rc->confirm_owed), "it stays owed");
+  cr_assert_eq(rc->credits, w);
+  rc->box.len = box_len;
+  void* idle = post_recv(&c, rb + SZ, SZ, rmh, 9); /* a test to make; it also holds the confirmation for a while */
+  usleep(3000 * RD_CONFIRM_HOLD_MS);
+  int done = 0;
+  cr_assert_eq(api->test(idle, &done, NULL), FAB_OK);
+  for (int64_t end = ut_now_ms() + 10000; sender_credits_after_polls(&c, 1) != RD_TAGGED_CREDITS;)
+    cr_assert_lt(ut_now_ms(), end, "the owed confirmation was written at a later test");
+  cr_assert(!rd_tagged_undelivered(c.sc));
+  cr_assert(!atomic_load(&rc->confirm_owed));
+  cr_assert_eq(api->isend(c.s, sb, SZ, 9, smh, NULL, &sq), FAB_OK);
+  cr_assert_eq(wait_req(idle, NULL), FAB_OK);
+  cr_assert_eq(wait_req(sq, NULL), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
+  cr_expect_eq(ut_warns(), 0);
+  free(sb);
+  free(rb);
+}
+
 /* Eager and announced messages interleaved on the same tags, before any
  * receive is posted, then taken by grouped receives (the deadlock class of
  * aws-ofi-nccl PR #1194: a large send waiting for its buffer's announcement
