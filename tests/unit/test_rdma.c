@@ -472,96 +472,116 @@ static void take_polling(conn* c, int credits) {
     cr_assert_lt(ut_now_ms(), end, "the receiver never took the messages");
 }
 
-Test(rdma, confirm_once_per_burst_tcp) {
-  enum { SZ = 100000, N = 5 };
-  setenv("FABRIC_TAGGED_MAX", "262144", 1);
+/* Until every credit is back at the sender: `why` fails after 10 s. */
+static void credits_come_back(conn* c, const char* why) {
+  for (int64_t end = ut_now_ms() + 10000; sender_credits_after_polls(c, 1) != RD_TAGGED_CREDITS;)
+    cr_assert_lt(ut_now_ms(), end, "%s", why);
+}
+
+/* The confirmation tests' pair: tcp, and buffers of n messages of
+ * CONFIRM_SZ bytes each way, sent tagged and heavy enough to be confirmed. */
+enum { CONFIRM_SZ = 100000 };
+typedef struct confirm_pair {
   conn c;
-  open_conn("tcp", &c);
-  uint32_t w = rd_tagged_weight(SZ);
-  cr_assert(rd_tagged_confirms(c.sc, w), "tcp confirms messages of %d bytes", SZ);
-  char* sb = malloc((size_t)N * SZ);
-  char* rb = malloc((size_t)N * SZ);
+  char *sb, *rb;
   void *smh, *rmh;
-  cr_assert_eq(api->reg_mr(c.s, sb, (size_t)N * SZ, FAB_PTR_HOST, &smh), FAB_OK);
-  cr_assert_eq(api->reg_mr(c.r, rb, (size_t)N * SZ, FAB_PTR_HOST, &rmh), FAB_OK);
+} confirm_pair;
+
+static void confirm_open(confirm_pair* p, int n) {
+  setenv("FABRIC_TAGGED_MAX", "262144", 1);
+  open_conn("tcp", &p->c);
+  cr_assert(rd_tagged_confirms(p->c.sc, rd_tagged_weight(CONFIRM_SZ)), "tcp confirms messages of %d bytes",
+            CONFIRM_SZ);
+  size_t len = (size_t)n * CONFIRM_SZ;
+  p->sb = malloc(len);
+  p->rb = malloc(len);
+  cr_assert_eq(api->reg_mr(p->c.s, p->sb, len, FAB_PTR_HOST, &p->smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(p->c.r, p->rb, len, FAB_PTR_HOST, &p->rmh), FAB_OK);
+}
+
+/* Message i of the send buffer, and a receive into slot i. */
+static void* confirm_send(confirm_pair* p, int i) {
+  void* q = NULL;
+  cr_assert_eq(api->isend(p->c.s, p->sb + (size_t)i * CONFIRM_SZ, CONFIRM_SZ, 9, p->smh, NULL, &q), FAB_OK);
+  cr_assert(q);
+  return q;
+}
+
+static void* confirm_recv(confirm_pair* p, int i) {
+  return post_recv(&p->c, p->rb + (size_t)i * CONFIRM_SZ, CONFIRM_SZ, p->rmh, 9);
+}
+
+/* The buffers go (after the comms' close too: allowed while the context lives). */
+static void confirm_free(confirm_pair* p) {
+  cr_assert_eq(api->dereg_mr(p->c.s, p->smh), FAB_OK);
+  cr_assert_eq(api->dereg_mr(p->c.r, p->rmh), FAB_OK);
+  free(p->sb);
+  free(p->rb);
+}
+
+Test(rdma, confirm_once_per_burst_tcp) {
+  enum { N = 5 };
+  confirm_pair p;
+  confirm_open(&p, N);
+  conn* c = &p.c;
+  int w = (int)rd_tagged_weight(CONFIRM_SZ);
   void *rq[N], *sq[N];
   /* one message taken, two more receives posted: its credits wait */
-  for (int i = 0; i < 3; i++) rq[i] = post_recv(&c, rb + (size_t)i * SZ, SZ, rmh, 9);
-  cr_assert_eq(api->isend(c.s, sb, SZ, 9, smh, NULL, &sq[0]), FAB_OK);
-  cr_assert(sq[0]);
-  take_polling(&c, (int)w);
-  int held = sender_credits_after_polls(&c, 20000);
-  cr_assert_eq(held, RD_TAGGED_CREDITS - (int)w,
+  for (int i = 0; i < 3; i++) rq[i] = confirm_recv(&p, i);
+  sq[0] = confirm_send(&p, 0);
+  take_polling(c, w);
+  int held = sender_credits_after_polls(c, 20000);
+  cr_assert_eq(held, RD_TAGGED_CREDITS - w,
                "more receives are posted: the message's credits wait for the burst's end (%d held)", held);
-  cr_assert(rd_tagged_undelivered(c.sc), "close would still wait for it");
+  cr_assert(rd_tagged_undelivered(c->sc), "close would still wait for it");
   /* the burst's last message gives every credit back, at once */
-  for (int i = 1; i < 3; i++) {
-    cr_assert_eq(api->isend(c.s, sb + (size_t)i * SZ, SZ, 9, smh, NULL, &sq[i]), FAB_OK);
-    cr_assert(sq[i]);
-  }
-  for (int64_t end = ut_now_ms() + 10000; sender_credits_after_polls(&c, 1) != RD_TAGGED_CREDITS;)
-    cr_assert_lt(ut_now_ms(), end, "the message that ends the burst gives every credit back");
-  cr_assert(!rd_tagged_undelivered(c.sc));
+  for (int i = 1; i < 3; i++) sq[i] = confirm_send(&p, i);
+  credits_come_back(c, "the message that ends the burst gives every credit back");
+  cr_assert(!rd_tagged_undelivered(c->sc));
   /* one held by a receive never filled goes at a test once the hold is over */
-  for (int i = 3; i < N; i++) rq[i] = post_recv(&c, rb + (size_t)i * SZ, SZ, rmh, 9);
-  cr_assert_eq(api->isend(c.s, sb + 3 * (size_t)SZ, SZ, 9, smh, NULL, &sq[3]), FAB_OK);
-  cr_assert(sq[3]);
-  take_polling(&c, (int)w);
+  for (int i = 3; i < N; i++) rq[i] = confirm_recv(&p, i);
+  sq[3] = confirm_send(&p, 3);
+  take_polling(c, w);
   usleep(3000 * RD_CONFIRM_HOLD_MS);
   int done = 0;
   cr_assert_eq(api->test(rq[4], &done, NULL), FAB_OK); /* never filled yet: the hold is over */
   cr_assert(!done);
-  for (int64_t end = ut_now_ms() + 10000; sender_credits_after_polls(&c, 1) != RD_TAGGED_CREDITS;)
-    cr_assert_lt(ut_now_ms(), end, "a confirmation held by an unfilled receive goes after RD_CONFIRM_HOLD_MS");
+  credits_come_back(c, "a confirmation held by an unfilled receive goes after RD_CONFIRM_HOLD_MS");
 
-  cr_assert_eq(api->isend(c.s, sb + 4 * (size_t)SZ, SZ, 9, smh, NULL, &sq[4]), FAB_OK);
-  cr_assert(sq[4]);
+  sq[4] = confirm_send(&p, 4);
   for (int i = 0; i < N; i++) {
     int got = -1;
     cr_assert_eq(wait_req(rq[i], &got), FAB_OK);
-    cr_assert_eq(got, SZ);
+    cr_assert_eq(got, CONFIRM_SZ);
     cr_assert_eq(wait_req(sq[i], NULL), FAB_OK);
   }
-  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
-  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
-  close_conn(&c);
+  confirm_free(&p);
+  close_conn(c);
   cr_expect_eq(ut_warns(), 0);
-  free(sb);
-  free(rb);
 }
 
 /* A receiver that closes with a receive still posted confirms what it took
  * (its sender may be closing at the same time, waiting for that): the
  * sender's close then neither waits out the drain time nor warns. */
 Test(rdma, confirm_at_receiver_close_tcp) {
-  enum { SZ = 100000 };
-  setenv("FABRIC_TAGGED_MAX", "262144", 1);
-  conn c;
-  open_conn("tcp", &c);
-  char* sb = malloc(SZ);
-  char* rb = malloc(2 * (size_t)SZ);
-  void *smh, *rmh, *sq = NULL;
-  cr_assert_eq(api->reg_mr(c.s, sb, SZ, FAB_PTR_HOST, &smh), FAB_OK);
-  cr_assert_eq(api->reg_mr(c.r, rb, 2 * (size_t)SZ, FAB_PTR_HOST, &rmh), FAB_OK);
-  void* rq = post_recv(&c, rb, SZ, rmh, 9);
-  post_recv(&c, rb + SZ, SZ, rmh, 9); /* never filled */
-  cr_assert_eq(api->isend(c.s, sb, SZ, 9, smh, NULL, &sq), FAB_OK);
-  cr_assert(sq);
+  confirm_pair p;
+  confirm_open(&p, 2);
+  conn* c = &p.c;
+  void* rq = confirm_recv(&p, 0);
+  confirm_recv(&p, 1); /* never filled */
+  void* sq = confirm_send(&p, 0);
   cr_assert_eq(wait_req(rq, NULL), FAB_OK);
   cr_assert_eq(wait_req(sq, NULL), FAB_OK);
-  cr_assert(rd_tagged_undelivered(c.sc), "a receive is still posted: the confirmation waits");
-  cr_assert_eq(api->close_recv(c.r), FAB_OK);
+  cr_assert(rd_tagged_undelivered(c->sc), "a receive is still posted: the confirmation waits");
+  cr_assert_eq(api->close_recv(c->r), FAB_OK);
   int64_t t0 = ut_now_ms();
-  cr_assert_eq(api->close_send(c.s), FAB_OK);
+  cr_assert_eq(api->close_send(c->s), FAB_OK);
   int64_t took = ut_now_ms() - t0;
   cr_expect_eq(ut_warns(), 0, "the receiver's close confirmed the message");
   cr_expect_lt(took, FAB_CLOSE_DRAIN_MS, "the sender's close took %lld ms", (long long)took);
-  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK); /* after close: allowed while the context lives */
-  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
-  cr_assert_eq(api->close_listen(c.l), FAB_OK);
-  cr_assert_eq(api->finalize(c.ctx), FAB_OK);
-  free(sb);
-  free(rb);
+  confirm_free(&p);
+  cr_assert_eq(api->close_listen(c->l), FAB_OK);
+  cr_assert_eq(api->finalize(c->ctx), FAB_OK);
 }
 
 /* A confirmation whose write the provider refused stays owed and goes at a
@@ -569,45 +589,34 @@ Test(rdma, confirm_at_receiver_close_tcp) {
  * side knows it, so that the write's window check fails: the same branch as
  * a full transmit queue. */
 Test(rdma, confirm_retried_after_failed_write_tcp) {
-  enum { SZ = 100000 };
-  setenv("FABRIC_TAGGED_MAX", "262144", 1);
-  conn c;
-  open_conn("tcp", &c);
-  int w = (int)rd_tagged_weight(SZ);
-  char* sb = malloc(SZ);
-  char* rb = malloc(2 * (size_t)SZ);
-  void *smh, *rmh, *sq = NULL;
-  cr_assert_eq(api->reg_mr(c.s, sb, SZ, FAB_PTR_HOST, &smh), FAB_OK);
-  cr_assert_eq(api->reg_mr(c.r, rb, 2 * (size_t)SZ, FAB_PTR_HOST, &rmh), FAB_OK);
-  rd_rcomm* rc = rd_r(c.rc);
+  confirm_pair p;
+  confirm_open(&p, 2);
+  conn* c = &p.c;
+  int w = (int)rd_tagged_weight(CONFIRM_SZ);
+  rd_rcomm* rc = rd_r(c->rc);
   uint64_t box_len = rc->box.len;
   rc->box.len = 0;
-  void* rq = post_recv(&c, rb, SZ, rmh, 9);
-  cr_assert_eq(api->isend(c.s, sb, SZ, 9, smh, NULL, &sq), FAB_OK);
-  cr_assert(sq);
+  void* rq = confirm_recv(&p, 0);
+  void* sq = confirm_send(&p, 0);
   cr_assert_eq(wait_req(rq, NULL), FAB_OK);
   cr_assert_eq(wait_req(sq, NULL), FAB_OK);
-  cr_assert_eq(sender_credits_after_polls(&c, 20000), RD_TAGGED_CREDITS - w, "the confirmation could not be written");
+  cr_assert_eq(sender_credits_after_polls(c, 20000), RD_TAGGED_CREDITS - w, "the confirmation could not be written");
   cr_assert(atomic_load(&rc->confirm_owed), "it stays owed");
   cr_assert_eq(rc->credits, w);
   rc->box.len = box_len;
-  void* idle = post_recv(&c, rb + SZ, SZ, rmh, 9); /* a test to make; it also holds the confirmation for a while */
+  void* idle = confirm_recv(&p, 1); /* a test to make; it also holds the confirmation for a while */
   usleep(3000 * RD_CONFIRM_HOLD_MS);
   int done = 0;
   cr_assert_eq(api->test(idle, &done, NULL), FAB_OK);
-  for (int64_t end = ut_now_ms() + 10000; sender_credits_after_polls(&c, 1) != RD_TAGGED_CREDITS;)
-    cr_assert_lt(ut_now_ms(), end, "the owed confirmation was written at a later test");
-  cr_assert(!rd_tagged_undelivered(c.sc));
+  credits_come_back(c, "the owed confirmation was written at a later test");
+  cr_assert(!rd_tagged_undelivered(c->sc));
   cr_assert(!atomic_load(&rc->confirm_owed));
-  cr_assert_eq(api->isend(c.s, sb, SZ, 9, smh, NULL, &sq), FAB_OK);
+  sq = confirm_send(&p, 0);
   cr_assert_eq(wait_req(idle, NULL), FAB_OK);
   cr_assert_eq(wait_req(sq, NULL), FAB_OK);
-  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
-  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
-  close_conn(&c);
+  confirm_free(&p);
+  close_conn(c);
   cr_expect_eq(ut_warns(), 0);
-  free(sb);
-  free(rb);
 }
 
 /* Eager and announced messages interleaved on the same tags, before any
