@@ -51,7 +51,9 @@ static int has_profiler(const ft_lib* l) { return ft_net_since(l, 10); }
  * variable where set; over tcp (ofi_rxm), outside a NIC profile, what rxm
  * sends at once, its eager limit (FI_OFI_RXM_EAGER_LIMIT: the user's, or the
  * plugin's, put there when it started) or its buffer size if larger, up to
- * 4 MiB; else 16 KiB. */
+ * 4 MiB; else 16 KiB. On libfabric 2.x's own tcp the engine's rule is
+ * FABRIC_RXM_EAGER_LIMIT, which is also what the plugin put in
+ * FI_OFI_RXM_EAGER_LIMIT, so the same reading holds there. */
 static uint64_t env_u64(const char* name) {
   const char* v = getenv(name);
   return v && *v ? strtoull(v, NULL, 10) : 0;
