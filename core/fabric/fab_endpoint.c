@@ -193,6 +193,7 @@ fab_result fab_endpoint_create(fab_device* dev, const fab_ep_hooks* hooks, fab_e
   if (rc == -FI_ETOOSMALL) return open_fail(ep, "fi_getname (address longer than the handle can carry)", rc);
   if (rc) return open_fail(ep, "fi_getname", rc);
   ep->addr_len = len;
+  fab_rxm_warm_pool(ep); /* before anything else is posted on it */
   if (dev->local_only && dev->info->addr_format == FI_ADDR_STR) fab_local_register(ep); /* named: peers in this
                                                                                           * process find it */
   char name[128];

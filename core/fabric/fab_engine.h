@@ -201,6 +201,8 @@ struct fab_endpoint {
   size_t addr_len;
   int cq_batch;
   _Atomic fab_result failed; /* sticky after the CQ itself failed; read without the lock */
+  fab_op rxm_warm[2];         /* fab_rxm_warm_pool's send and receive */
+  uint8_t rxm_warm_buf[8];
   fi_addr_t silent_peer;      /* a peer that left a window's withdrawal unanswered (fab_pwin.h): its next
                                * withdrawals are not waited for until it answers one (ep lock) */
   int64_t bad_ctrl_warned_ms; /* the last WARN about a malformed control message (fab_ctrl.c, ep lock) */
@@ -455,6 +457,11 @@ int fab_iface_listed(const struct fi_info* fi);
  * sends every size at once, FABRIC_RXM_EAGER_LIMIT. */
 void fab_rxm_raise_eager_limit(const fab_transport_ops* t);
 size_t fab_rxm_tagged_max(const char* prov);
+/* As an endpoint on ofi_rxm opens, before anything else is posted on it:
+ * makes rxm grow its receive pool now rather than at the first message that
+ * arrives before its receive (FABRIC_RXM_WARM_POOL). Best effort: INFO on
+ * failure. */
+void fab_rxm_warm_pool(fab_endpoint* ep);
 
 /* fab_device.c: discovery asks for what the candidate transports need, in
  * order of preference (fab_transport.c), and gives each device the first

@@ -1,5 +1,6 @@
 /*
- * What ofi_rxm sends as one message, and so what we send tagged.
+ * What ofi_rxm sends as one message, and so what we send tagged; and rxm's
+ * receive pool, grown as an endpoint opens (at the end of this file).
  *
  * ofi_rxm sends a tagged message of up to its eager limit as one message of
  * the provider beneath; a larger one pays a rendezvous (a request, an answer,
@@ -114,4 +115,78 @@ size_t fab_rxm_tagged_max(const char* prov) {
   else if (strstr(prov, "ofi_rxm")) at_once = rxm_sends_at_once(prov);
   else return fab_g.params.tagged_max;
   return at_once > FAB_PARAM_TAGGED_MAX_MAX ? FAB_PARAM_TAGGED_MAX_MAX : at_once;
+}
+
+/* --- rxm's receive pool, grown as the endpoint opens ------------------------ */
+
+/* ofi_rxm keeps a message that arrives before its receive in the buffer it
+ * landed in and posts another from its receive pool in its place. That pool
+ * grows by chunks of 1024 buffers, each chunk zeroed as it is allocated;
+ * over tcp rxm posts 4096 buffers as the endpoint opens, which fills four
+ * chunks exactly, so the first early message zeroes a fifth (17 MiB): 10-13
+ * ms inside one fi_cq_read, measured inside NCCL (FABRIC_RXM_WARM_POOL in
+ * core/params.toml). One empty message to ourselves, taken only after it has
+ * arrived, makes rxm grow the pool now instead. It is untagged: should it be
+ * left behind, a control receive takes it as a liveness probe and drops it. */
+enum { RXM_WARM_WAIT_MS = 2000 };
+
+static void warm_op_late(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
+  (void)op, (void)done, (void)err; /* completed after warm_pool gave up on it */
+}
+
+/* Reads ep's CQ until op completes: 0, its error, or -FI_ETIMEDOUT. Only
+ * the warm-up's operations are posted on the endpoint yet. */
+static int warm_wait(fab_endpoint* ep, fab_op* op, int64_t until) {
+  for (;;) {
+    fab_cqe e[4];
+    ssize_t n = fi_cq_read(ep->cq, e, 4);
+    for (ssize_t i = 0; i < n; i++)
+      if (e[i].op_context == &op->ctx) return 0;
+    if (n == -FI_EAVAIL) {
+      struct fi_cq_err_entry err = {0};
+      if (fi_cq_readerr(ep->cq, &err, 0) > 0 && err.op_context == &op->ctx) return -(int)err.err;
+    } else if (n < 0 && n != -FI_EAGAIN) {
+      return (int)n;
+    }
+    if (fab_now_ms() > until) return -FI_ETIMEDOUT;
+  }
+}
+
+/* Posts the empty message to self, retrying while rxm connects to itself. */
+static int warm_send(fab_endpoint* ep, fi_addr_t self, int64_t until) {
+  for (;;) {
+    ssize_t rc = fi_send(ep->ep, NULL, 0, NULL, self, &ep->rxm_warm[0].ctx);
+    if (rc != -FI_EAGAIN) return (int)rc;
+    fab_cqe e[4];
+    fi_cq_read(ep->cq, e, 4); /* progress: nothing else is posted */
+    if (fab_now_ms() > until) return -FI_ETIMEDOUT;
+  }
+}
+
+static int warm_exchange(fab_endpoint* ep, fi_addr_t self, int64_t until) {
+  int rc = warm_send(ep, self, until);
+  if (rc == 0) rc = warm_wait(ep, &ep->rxm_warm[0], until);
+  if (rc != 0) return rc;
+  /* The send completes once rxm holds the message at our end: it is early. */
+  rc = (int)fi_recv(ep->ep, ep->rxm_warm_buf, sizeof(ep->rxm_warm_buf), NULL, FI_ADDR_UNSPEC, &ep->rxm_warm[1].ctx);
+  if (rc == 0) rc = warm_wait(ep, &ep->rxm_warm[1], until);
+  return rc;
+}
+
+void fab_rxm_warm_pool(fab_endpoint* ep) {
+  if (!fab_g.params.rxm_warm_pool || !strstr(ep->dev->info->fabric_attr->prov_name, "ofi_rxm")) return;
+  fab_op_init(&ep->rxm_warm[0], warm_op_late, ep, 0);
+  fab_op_init(&ep->rxm_warm[1], warm_op_late, ep, 1);
+  int64_t t0 = fab_now_ms();
+  fi_addr_t self = FI_ADDR_NOTAVAIL;
+  int rc = fi_av_insert(ep->av, ep->addr, 1, &self, 0, NULL) == 1 ? 0 : -FI_EINVAL;
+  if (rc == 0) rc = warm_exchange(ep, self, t0 + RXM_WARM_WAIT_MS);
+  if (self != FI_ADDR_NOTAVAIL && rc == 0) fi_av_remove(ep->av, &self, 1, 0); /* closes rxm's loopback connection */
+  if (rc != 0)
+    FAB_INFO(FAB_SUBSYS_INIT, "endpoint on %s: could not grow ofi_rxm's receive pool ahead (%s); the first "
+             "message that arrives before its receive may take about 10 ms (FABRIC_RXM_WARM_POOL)",
+             ep->dev->name, fi_strerror(-rc));
+  else
+    FAB_INFO(FAB_SUBSYS_INIT, "endpoint on %s: grew ofi_rxm's receive pool ahead in %lld ms (FABRIC_RXM_WARM_POOL)",
+             ep->dev->name, (long long)(fab_now_ms() - t0));
 }

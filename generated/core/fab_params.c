@@ -32,6 +32,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->eager_max = 0u;
   params->tagged_max = 16384u;
   params->rxm_eager_limit = 524288u;
+  params->rxm_warm_pool = 1;
   params->link_speed_mbps = 0;
   params->gpu_emulate = 0;
   params->rma_stage_slots = 8;
@@ -58,6 +59,7 @@ const char* const fab_param_names[] = {
     "FABRIC_EAGER_MAX",
     "FABRIC_TAGGED_MAX",
     "FABRIC_RXM_EAGER_LIMIT",
+    "FABRIC_RXM_WARM_POOL",
     "FABRIC_LINK_SPEED_MBPS",
     "FABRIC_GPU_EMULATE",
     "FABRIC_RMA_STAGE_SLOTS",
@@ -364,6 +366,16 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->rxm_eager_limit = (size_t)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_RXM_WARM_POOL")) != NULL) {
+    int v;
+    if (parse_bool(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_RXM_WARM_POOL=%s is not a boolean (1/0, true/false, yes/no, on/off); using 1", s);
+      bad++;
+    } else {
+      params->rxm_warm_pool = v;
     }
   }
 

@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 23
+#define FAB_PARAM_COUNT 24
 
 /* The largest value each numeric parameter takes (core/params.toml). */
 #define FAB_PARAM_MAX_P2P_BYTES_MAX 2147483647u
@@ -77,6 +77,8 @@ struct fab_params {
   size_t tagged_max;
   /* FABRIC_RXM_EAGER_LIMIT: On tcp;ofi_rxm: the largest tagged message ofi_rxm sends as one message, straight from the sender's buffer into the posted receive (one taken before its receive is posted lands in memory rxm allocates, and is copied). The plugin sets `FI_OFI_RXM_EAGER_LIMIT` to it when the engine starts, unless the environment sets that variable; it costs no pool memory (unlike `FI_OFI_RXM_BUFFER_SIZE`). rxm's own limit, 16 KiB, makes every larger message wait for a request and an answer: inside NCCL over tcp, 128 KiB-2 MiB operations took 1.14-1.81x Socket's time with it and 0.96-1.46x with 512 KiB, NCCL's largest network message (docs/performance.md). The setting is process-wide: other libfabric users in the process get it too. On libfabric 2.x's own tcp (provider `tcp`, no rxm), which sends a tagged message of any size as one message, it is the largest message the rdma transport sends tagged (capped by `FI_TCP_MAX_SAVED_SIZE` where set); there NCCL's all_reduce of 128 KiB-128 MiB took 0.92-1.05x Socket's time with it and 1.08-1.46x with 16 KiB (one round, docs/performance.md). Only with the rdma transport, which makes closing a send comm wait until its messages of 64 KiB and more reached the peer (an eager send completes once in our socket, and closing the endpoint would drop what it still queues); the sendrecv transport keeps rxm's own limit. 0: leave rxm's own. */
   size_t rxm_eager_limit;
+  /* FABRIC_RXM_WARM_POOL: On ofi_rxm (tcp;ofi_rxm, verbs;ofi_rxm): as each endpoint opens, it sends itself one empty message before any receive is posted and takes it, so that rxm grows its pool of receive buffers then. rxm holds a message that arrives before its receive in the buffer it landed in and posts a new one from that pool; over tcp its 4096 posted buffers fill the pool's first four chunks of 1024, so the first such message grows a fifth chunk of 1024 × 16 KiB and zeroes it: about 17 MiB and, on the hosts measured, 10-13 ms inside one progress call. Inside NCCL that stall fell on a timed iteration in most runs of a small all_reduce (0.55-1.6 ms per operation against Socket's 0.03; docs/performance.md). Warming moves it to the endpoint's opening; the memory is the same as after the first early message. false: leave the pool to grow when rxm needs it. */
+  int rxm_warm_pool;
   /* FABRIC_LINK_SPEED_MBPS: The link speed each device reports to NCCL, in Mb/s, which NCCL's topology search and tuning read. 0 (the default): the provider's figure for the NIC, or 100000 (100 Gb/s) where it has none (tcp on loopback, shm). NCCL's own Socket transport reports 10000 where the interface has no speed (loopback). */
   int link_speed_mbps;
   /* FABRIC_GPU_EMULATE: Tests only: one-sided windows registered as `NCCL_PTR_CUDA` are taken to be host memory that the CPU and the provider must not touch (the tests map it without access), and the plugin's GPU copies reach it through `/proc/self/mem`. Lets the CPU-only suite run the GPU-window paths (staging, signals into GPU memory) without a GPU. Never set it in production. */

@@ -6,6 +6,7 @@
  * byte was written where it must not be.
  */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -558,6 +559,52 @@ Test(rdma, confirm_once_per_burst_tcp) {
   confirm_free(&p);
   close_conn(c);
   cr_expect_eq(ut_warns(), 0);
+}
+
+/* This process's resident memory, KiB. */
+static long rss_kib(void) {
+  FILE* f = fopen("/proc/self/status", "r");
+  cr_assert(f);
+  char line[256];
+  long kib = -1;
+  while (kib < 0 && fgets(line, sizeof(line), f))
+    if (!strncmp(line, "VmRSS:", 6)) kib = strtol(line + 6, NULL, 10);
+  fclose(f);
+  cr_assert_gt(kib, 0);
+  return kib;
+}
+
+/* ofi_rxm's receive pool grows as the endpoint opens (FABRIC_RXM_WARM_POOL):
+ * a message that arrives before its receive then takes a spare buffer of
+ * the pool. Without that, this first early message makes rxm zero a new
+ * chunk of 1024 buffers (17 MiB) inside one poll: 10-13 ms that fell on a
+ * timed iteration of NCCL's small all_reduce. */
+Test(rdma, rxm_pool_grown_at_open_tcp) {
+  enum { SZ = 64 };
+  setenv("FABRIC_TAGGED_MAX", "65536", 1);
+  conn c;
+  open_conn("tcp", &c);
+  static char sb[SZ], rb[SZ];
+  void *smh, *rmh, *sq = NULL;
+  cr_assert_eq(api->reg_mr(c.s, sb, SZ, FAB_PTR_HOST, &smh), FAB_OK);
+  cr_assert_eq(api->reg_mr(c.r, rb, SZ, FAB_PTR_HOST, &rmh), FAB_OK);
+  /* the receive first: whatever a first send costs is paid here */
+  void* rq = post_recv(&c, rb, SZ, rmh, 3);
+  cr_assert_eq(api->isend(c.s, sb, SZ, 3, smh, NULL, &sq), FAB_OK);
+  cr_assert_eq(wait_req(sq, NULL), FAB_OK);
+  cr_assert_eq(wait_req(rq, NULL), FAB_OK);
+  long before = rss_kib();
+  cr_assert_eq(api->isend(c.s, sb, SZ, 4, smh, NULL, &sq), FAB_OK);
+  cr_assert_eq(wait_req(sq, NULL), FAB_OK);
+  for (int64_t end = ut_now_ms() + 50; ut_now_ms() < end;) fab_ep_poll(c.rc->ep); /* it lands, unexpected */
+  rq = post_recv(&c, rb, SZ, rmh, 4);
+  cr_assert_eq(wait_req(rq, NULL), FAB_OK);
+  long grown = rss_kib() - before;
+  cr_assert_lt(grown, 8192, "a message taken before its receive grew this process by %ld KiB: rxm's receive pool "
+               "was not grown as the endpoint opened", grown);
+  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
 }
 
 /* A receiver that closes with a receive still posted confirms what it took
