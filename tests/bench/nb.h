@@ -70,6 +70,7 @@ typedef struct nb_xport_opts {
   int verbose;
   int raw_hints;         /* NB_RAW_HINTS_*: which fi_getinfo hints raw mode uses */
   int raw_rma;           /* raw mode's RMA flavour (nb_raw_rma.c) */
+  int raw_socket;        /* raw mode over plain TCP sockets (nb_sock.c) */
   int nccl_profiler;     /* drive the plugin as NCCL does with no profiler loaded: a callback that returns at
                           * once, and a parent handle with every isend and irecv (nb_plugin.c) */
   int mem;               /* NB_MEM_*: the buffers' kind (registered as such) */
@@ -80,6 +81,7 @@ typedef struct nb_xport_opts {
 } nb_xport_opts;
 
 int nb_raw_open(nb_xport* x, const nb_xport_opts* o);
+int nb_sock_open(nb_xport* x, const nb_xport_opts* o); /* --raw-socket (nb_sock.c) */
 int nb_plugin_open(nb_xport* x, const nb_xport_opts* o);
 /* The ncclNetPlugin_vN symbols a library exports, as a bitmask of N. */
 unsigned nb_plugin_versions_in_lib(const char* path);

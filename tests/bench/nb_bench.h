@@ -50,6 +50,7 @@ typedef struct {
   int verbose;
   int raw_hints;      /* NB_RAW_HINTS_* */
   int raw_rma;        /* --raw-rma */
+  int raw_socket;     /* --raw-socket */
   int nccl_profiler;  /* --nccl-profiler */
   int mem;            /* --mem: NB_MEM_* */
   int nlat, nbw;

@@ -248,13 +248,16 @@ void xport_open(int m) {
                      .verbose = cfg.verbose,
                      .raw_hints = cfg.raw_hints,
                      .raw_rma = cfg.raw_rma,
+                     .raw_socket = cfg.raw_socket,
                      .nccl_profiler = cfg.nccl_profiler,
                      .mem = cfg.mem,
                      .rails = cfg.rails,
                      .nvdevs = cfg.nvdevs};
   memcpy(o.vdevs, cfg.vdevs, sizeof(o.vdevs));
   memset(&modes[m], 0, sizeof(modes[m]));
-  if (m == M_RAW) {
+  if (m == M_RAW && cfg.raw_socket) {
+    nb_sock_open(&modes[m].x, &o);
+  } else if (m == M_RAW) {
     nb_raw_open(&modes[m].x, &o);
   } else if (m == M_PLUGIN_B && plugin_b_nenv > 0) {
     char* saved[NB_ENV_B_MAX] = {0};

@@ -242,6 +242,8 @@ static void usage(FILE* f) {
           "                       extra columns plugin-b and ratio-b = plugin-b/raw\n"
           "  --raw-rma            raw mode's RMA flavour: each receive announced by an inline write, the data\n"
           "                       by fi_writedata into it (the floor for the plugin's rdma transport)\n"
+          "  --raw-socket         raw mode over plain TCP sockets on loopback instead of libfabric, as NCCL's\n"
+          "                       Socket transport moves messages (one host, host memory)\n"
           "  --nccl-profiler      drive the plugins as NCCL does with no profiler plugin loaded: a profiler\n"
           "                       callback that returns at once, and a parent handle with every operation\n"
           "                       (the cost of the plugin's profiler events when nobody listens)\n"
@@ -383,7 +385,7 @@ int main(int argc, char** argv) {
   snprintf(plugin_path, sizeof(plugin_path), "%s", env_plugin ? env_plugin : "libnccl-net-fabric.so");
   enum { O_PLUGIN = 256, O_VERSION, O_PROVIDER, O_MODES, O_TESTS, O_REPS, O_SMOKE, O_SERVER, O_CONNECT, O_CSV,
          O_LATSIZES, O_LATITERS, O_BWSIZES, O_WINDOW, O_BWBYTES, O_MAXMEM, O_RATESIZE, O_RATEWIN, O_RATEMSGS,
-         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_NCCL_PROF, O_MEM, O_RAILS, O_VDEVICE, O_HELP };
+         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_RAW_SOCKET, O_NCCL_PROF, O_MEM, O_RAILS, O_VDEVICE, O_HELP };
   static const struct option lo[] = {
       {"plugin", 1, 0, O_PLUGIN}, {"version", 1, 0, O_VERSION}, {"provider", 1, 0, O_PROVIDER},
       {"modes", 1, 0, O_MODES}, {"tests", 1, 0, O_TESTS}, {"reps", 1, 0, O_REPS}, {"smoke", 0, 0, O_SMOKE},
@@ -392,7 +394,7 @@ int main(int argc, char** argv) {
       {"window", 1, 0, O_WINDOW}, {"bw-bytes", 1, 0, O_BWBYTES}, {"max-mem", 1, 0, O_MAXMEM},
       {"rate-size", 1, 0, O_RATESIZE}, {"rate-window", 1, 0, O_RATEWIN}, {"rate-msgs", 1, 0, O_RATEMSGS},
       {"setup-comms", 1, 0, O_SETUP}, {"mem-comms", 1, 0, O_MEMCOMMS}, {"dev", 1, 0, O_DEV},
-      {"raw-hints", 1, 0, O_MINHINTS}, {"cpus", 1, 0, O_CPUS}, {"plugin-b", 1, 0, O_PLUGIN_B}, {"env-b", 1, 0, O_ENV_B}, {"raw-rma", 0, 0, O_RAW_RMA}, {"nccl-profiler", 0, 0, O_NCCL_PROF},
+      {"raw-hints", 1, 0, O_MINHINTS}, {"cpus", 1, 0, O_CPUS}, {"plugin-b", 1, 0, O_PLUGIN_B}, {"env-b", 1, 0, O_ENV_B}, {"raw-rma", 0, 0, O_RAW_RMA}, {"raw-socket", 0, 0, O_RAW_SOCKET}, {"nccl-profiler", 0, 0, O_NCCL_PROF},
       {"mem", 1, 0, O_MEM}, {"rails", 1, 0, O_RAILS}, {"vdevice", 1, 0, O_VDEVICE}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
   /* Sizes given on the command line win over --smoke's. */
   char lat_arg[512] = "", bw_arg[512] = "";
@@ -458,6 +460,7 @@ int main(int argc, char** argv) {
       }
       case O_PLUGIN_B: snprintf(plugin_b_path, sizeof(plugin_b_path), "%s", optarg); break;
       case O_RAW_RMA: cfg.raw_rma = 1; break;
+      case O_RAW_SOCKET: cfg.raw_socket = 1; break;
       case O_NCCL_PROF: cfg.nccl_profiler = 1; break;
       case O_MEM:
         if (!strcmp(optarg, "host")) cfg.mem = NB_MEM_HOST;
@@ -508,6 +511,8 @@ int main(int argc, char** argv) {
   signal(SIGHUP, on_signal);
 
   loopback = !server_port && !connect_to;
+  if (cfg.raw_socket && !loopback) nb_die("--raw-socket runs on one host only (its sockets are on loopback)");
+  if (cfg.raw_socket && cfg.raw_rma) nb_die("--raw-socket and --raw-rma are two raw modes: pick one");
 
   pid_t child = -1;
   if (loopback) {
