@@ -537,9 +537,12 @@ static inline int fab_ep_helper_hold(fab_endpoint* ep) {
   fab_ep_helper_busy(ep);
   return 1;
 }
-/* Takes ep's cq_lock as a runtime thread: counted in cq_waiting, so that the
- * polling thread leaves it alone until this thread has had it. Returns 1. */
+/* Takes ep's cq_lock as a runtime thread: when it is held, counted in
+ * cq_waiting while it waits, so that the polling thread leaves it alone until
+ * this thread has had it. Returns 1. */
 static inline int fab_ep_lock_cq(fab_endpoint* ep) {
+  /* free at once, the usual case: one atomic, not three */
+  if (FAB_LIKELY(!atomic_flag_test_and_set_explicit(&ep->cq_lock, memory_order_acquire))) return 1;
   atomic_fetch_add_explicit(&ep->cq_waiting, 1, memory_order_relaxed);
   for (unsigned spins = 0; atomic_flag_test_and_set_explicit(&ep->cq_lock, memory_order_acquire); spins++)
     if (spins % 64 == 63) sched_yield(); /* the holder may be copying a large message */
