@@ -457,7 +457,7 @@ int fab_iface_listed(const struct fi_info* fi);
  * sends every size at once, FABRIC_RXM_EAGER_LIMIT. */
 void fab_rxm_raise_eager_limit(const fab_transport_ops* t);
 size_t fab_rxm_tagged_max(const char* prov);
-/* As an endpoint on ofi_rxm opens, before anything else is posted on it:
+/* As an endpoint on tcp;ofi_rxm opens, before anything else is posted on it:
  * makes rxm grow its receive pool now rather than at the first message that
  * arrives before its receive (FABRIC_RXM_WARM_POOL). Best effort: INFO on
  * failure. */
