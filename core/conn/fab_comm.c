@@ -194,7 +194,7 @@ void fab_comm_free(fab_comm* c) {
   for (uint32_t i = 0; i < used; i++) { /* never-used ones: do not fault their pages in */
     fab_req* r = fab_pool_at(&c->reqs, i);
     if (r->head.magic != FAB_REQ_MAGIC) continue;
-    if (r->busy && r->head.state != FAB_REQ_FREE) fab_ep_helper_idle(c->ep); /* never tested to the end */
+    if (r->busy && r->head.state != FAB_REQ_FREE) fab_req_let_go(r); /* never tested to the end */
     free(r->errmsg);
     r->head.magic = 0;
   }

@@ -410,6 +410,8 @@ static fab_result poll_read(fab_endpoint* ep, const fab_cqe* e, ssize_t n);
  * every operation inside NCCL about 60 us even with idle cores. */
 static fab_result helper_poll(fab_endpoint* ep) {
   if (FAB_UNLIKELY(ep->failed)) return ep->failed;
+  if (fab_ep_helper_small_only(ep) && atomic_load_explicit(&ep->nclosing, memory_order_relaxed) == 0)
+    return FAB_OK; /* only small requests live: the runtime's tests poll (FABRIC_RAIL_SMALL_MAX) */
   if (atomic_load_explicit(&ep->cq_waiting, memory_order_relaxed) > 0 ||
       atomic_flag_test_and_set_explicit(&ep->cq_lock, memory_order_acquire))
     return FAB_OK;

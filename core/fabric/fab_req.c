@@ -148,7 +148,8 @@ static const fab_req_steps req_steps = {req_busy, req_stalled, req_give_up, req_
 fab_result fab_req_test(fab_req* r, int* done, int* sizes) { return fab_req_run(&r->head, done, sizes, &req_steps, 1); }
 
 fab_result fab_req_test_helped(fab_req* r, int* done, int* sizes) {
-  return fab_req_run(&r->head, done, sizes, &req_steps, !r->comm->helped);
+  /* where only small requests are live the thread leaves the CQ to tests */
+  return fab_req_run(&r->head, done, sizes, &req_steps, !r->comm->helped || fab_ep_helper_small_only(r->comm->ep));
 }
 
 static fab_result req_api_test(fab_req_head* h, int* done, int* sizes) {

@@ -34,9 +34,26 @@ static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npendin
   return r;
 }
 
+/* r moves bytes (a send's size, a receive's largest buffer): above
+ * FABRIC_RAIL_SMALL_MAX it counts as large while it lives, where its
+ * endpoint's thread runs. */
+static inline void fab_req_sized(fab_req* r, size_t bytes) {
+  if (FAB_UNLIKELY(r->busy == 1) && bytes > fab_g.params.rail_small_max) {
+    r->busy = 2;
+    fab_ep_helper_large(r->comm->ep, 1);
+  }
+}
+
+/* What r counted on its endpoint's thread goes back. */
+static inline void fab_req_let_go(fab_req* r) {
+  if (r->busy == 2) fab_ep_helper_large(r->comm->ep, -1);
+  fab_ep_helper_idle(r->comm->ep);
+  r->busy = 0;
+}
+
 static inline void fab_req_put(fab_req* r) {
   r->head.state = FAB_REQ_FREE;
-  if (FAB_UNLIKELY(r->busy)) fab_ep_helper_idle(r->comm->ep);
+  if (FAB_UNLIKELY(r->busy)) fab_req_let_go(r);
   if (FAB_UNLIKELY(r->errmsg != NULL)) {
     free(r->errmsg);
     r->errmsg = NULL;
@@ -48,10 +65,7 @@ static inline void fab_req_put(fab_req* r) {
  * floor's stripe notices): it does not keep the endpoint's thread awake by
  * itself; what it waits for is held by the request that needs it. */
 static inline void fab_req_uncount(fab_req* r) {
-  if (r->busy) {
-    r->busy = 0;
-    fab_ep_helper_idle(r->comm->ep);
-  }
+  if (r->busy) fab_req_let_go(r);
 }
 
 /* One operation of r completed (successfully, or after fab_req_op_failed).

@@ -104,12 +104,16 @@ static fab_rails_parent* parent_get(fab_rails_comm* rc) {
  * receives posted there are not counted (fab_req_uncount). */
 static void parent_hold_rails(fab_rails_parent* p) {
   for (int k = 0; k < p->rc->n; k++)
-    if (fab_ep_helper_hold(p->rc->c[k]->ep)) p->held_rails |= 1u << k;
+    if (fab_ep_helper_hold(p->rc->c[k]->ep)) {
+      p->held_rails |= 1u << k;
+      fab_ep_helper_large(p->rc->c[k]->ep, 1); /* a split message is large */
+    }
 }
 static void parent_let_go(fab_rails_parent* p) {
   for (int k = 0; p->held_rails; k++)
     if (p->held_rails & (1u << k)) {
       p->held_rails &= ~(1u << k);
+      fab_ep_helper_large(p->rc->c[k]->ep, -1);
       fab_ep_helper_idle(p->rc->c[k]->ep);
     }
 }

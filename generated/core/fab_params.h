@@ -14,7 +14,7 @@ extern "C" {
 
 #define FAB_PARAM_PREFIX "FABRIC_"
 #define FAB_PARAM_STRING_MAX 256
-#define FAB_PARAM_COUNT 24
+#define FAB_PARAM_COUNT 25
 
 /* The largest value each numeric parameter takes (core/params.toml). */
 #define FAB_PARAM_MAX_P2P_BYTES_MAX 2147483647u
@@ -25,6 +25,7 @@ extern "C" {
 #define FAB_PARAM_RAILS_MAX 8
 #define FAB_PARAM_NIC_RAILS_MAX 8
 #define FAB_PARAM_RAIL_THREADS_MAX 2
+#define FAB_PARAM_RAIL_SMALL_MAX_MAX 1073741824u
 #define FAB_PARAM_STRIPE_THRESHOLD_MAX 2147483647u
 #define FAB_PARAM_STRIPE_SIZE_MAX 2147483647u
 #define FAB_PARAM_DELIVERY_COMPLETE_MAX 1
@@ -57,6 +58,8 @@ struct fab_params {
   int nic_rails;
   /* FABRIC_RAIL_THREADS: Comms over several rails: give every rail's endpoint a thread that polls its completion queue while such a comm is open, so that the rails' provider work (its copies, the kernel's socket work) runs on several cores rather than all in the caller's thread: the thread reads the rail's completions (the caller's tests do only once in 64) and posts its sends of more than 16 KiB (rdma transport). Each thread spins on a core of its own while a request of its rail's comms is live, and sleeps after 10 ms without one. 0: none. 1: where the process may run on more CPUs than it has rails (its affinity; otherwise one WARN and none: mpirun binds each of two ranks to a single core by default, and threads there cost every NCCL operation hundreds of microseconds). 2: always (tests). Inside NCCL over tcp on 2 x H100, four rails with threads moved 1.9-2.2x Socket's all_reduce bus bandwidth at 32-128 MiB (docs/performance.md). */
   int rail_threads;
+  /* FABRIC_RAIL_SMALL_MAX: Comms over rails with threads (FABRIC_RAIL_THREADS): a request that moves at most this many bytes (a send's size, a receive's largest buffer) is small. While only small requests are live on a rail's endpoint its thread leaves the completion queue to the caller's tests, which then find small messages at once; a large one, or a receive that may get a split message, has the thread poll again. netbench over four rails with threads on an nvidia-h100-x1: 8-byte latency 1.23x raw tagged libfabric over one connection against 2.12x with the threads always polling, 8-byte rate 0.99x against 0.65x, 64 KiB bandwidth 0.90x against 1.17x (64 KiB messages are small), 1-16 MiB unchanged (docs/performance.md). The default covers NCCL's LL steps (64 KiB receives). 0: the threads always poll. */
+  size_t rail_small_max;
   /* FABRIC_STRIPE_THRESHOLD: Comms over several rails: a message of at least this many bytes is split into stripes sent on several rails at once; a smaller one goes whole on one rail, round-robin. The sender's value holds for the connection (it travels in the handshake). Values below 4 KiB count as 4 KiB; 0 never splits. The default is where splitting stopped losing on the loopback providers measured (docs/results/performance-history.md §5.3); on NICs that move data without the host's CPU, measure lower values with tests/bench/stripes.sh. */
   size_t stripe_threshold;
   /* FABRIC_STRIPE_SIZE: Comms over several rails: the size a stripe aims at. A split message gets one stripe per this many bytes, at least 2 and at most one per rail; its first stripe, on the message's own rail, is never smaller than FABRIC_STRIPE_THRESHOLD. */

@@ -399,3 +399,44 @@ Test(mr_cache, failed_registration) {
   cr_assert_eq(c->n, 0, "a failed registration is not cached");
   fab_mr_cache_destroy(c, fake_close, NULL);
 }
+
+/* --- rails' polling threads and small requests ------------------------------------ */
+
+#include "fab_req.h"
+
+/* FABRIC_RAIL_SMALL_MAX: while only small requests are live on an endpoint
+ * whose thread polls, the comms' tests read the CQ themselves; a large one
+ * (or a split receive) leaves it to the thread again until it is gone. */
+Test(rails, small_requests_leave_the_cq_to_tests) {
+  fab_g.params.rail_small_max = 65536;
+  static fab_endpoint ep;
+  static fab_comm c;
+  static fab_req small, large;
+  atomic_store(&ep.cq_gated, 1); /* a thread runs */
+  c.ep = &ep;
+  c.helped = 1;
+  small.comm = large.comm = &c;
+  small.busy = (uint8_t)fab_ep_helper_hold(&ep);
+  large.busy = (uint8_t)fab_ep_helper_hold(&ep);
+  cr_assert(small.busy && large.busy, "counted where the thread runs");
+  fab_req_sized(&small, 65536);
+  cr_assert_eq(atomic_load(&ep.helper_large), 0, "64 KiB is small");
+  int polls = 0;
+  for (int i = 0; i < 128; i++) polls += fab_comm_test_polls(&c);
+  cr_assert_eq(polls, 128, "only small requests live: every test polls");
+  fab_req_sized(&large, 65537);
+  cr_assert_eq(atomic_load(&ep.helper_large), 1);
+  polls = 0;
+  for (int i = 0; i < 128; i++) polls += fab_comm_test_polls(&c);
+  cr_assert_eq(polls, 2, "a large request live: one test in %d polls, not %d in 128", FAB_HELPED_POLL_EVERY, polls);
+  fab_req_let_go(&large);
+  cr_assert_eq(atomic_load(&ep.helper_large), 0, "the large one gone");
+  cr_assert_eq(fab_comm_test_polls(&c), 1);
+  fab_req_let_go(&small);
+  cr_assert_eq(atomic_load(&ep.helper_busy), 0, "every request given back");
+  fab_g.params.rail_small_max = 0; /* 0: every request with bytes is large */
+  small.busy = (uint8_t)fab_ep_helper_hold(&ep);
+  fab_req_sized(&small, 1);
+  cr_assert_eq(atomic_load(&ep.helper_large), 1);
+  fab_req_let_go(&small);
+}

@@ -272,6 +272,7 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   if (FAB_UNLIKELY(!r)) return FAB_OK; /* all requests in flight: NCCL retries */
   rd_sreq* q = rd_sq(r);
   r->size = size;
+  fab_req_sized(r, size);
   r->tag = tag;
   q->data = data;
   q->desc = mr ? mr->desc : NULL;

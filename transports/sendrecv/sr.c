@@ -136,6 +136,7 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr
   s->tag = c->tag_base | (uint32_t)tag;
   r->size = size;
   r->tag = tag;
+  fab_req_sized(r, size);
   sub_set_state(s, FAB_SUB_POSTED);
   ssize_t rc = post_send(c, s, data, size, desc);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
@@ -255,6 +256,7 @@ static fab_result irecv_one(fab_comm* c, fab_req* r, void* data, size_t size, in
   s->tag = c->tag_base | (uint32_t)tag;
   r->size = size;
   r->tag = tag;
+  fab_req_sized(r, size);
   sub_set_state(s, FAB_SUB_POSTED);
   ssize_t rc = post_recv(c, s);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
@@ -280,6 +282,7 @@ static fab_result sr_irecv(fab_comm* c, int n, void** data, const size_t* sizes,
   r->size = sizes[0];
   r->tag = tags[0];
   for (int i = 0; i < n; i++) {
+    fab_req_sized(r, sizes[i]);
     sr_sub* s = &SR(r)->sub[i];
     s->data = data[i];
     s->size = sizes[i];
