@@ -128,7 +128,7 @@ size_t fab_rxm_tagged_max(const char* prov) {
  * core/params.toml). One empty message to ourselves, taken only after it has
  * arrived, makes rxm grow the pool now instead. It is untagged: should it be
  * left behind, a control receive takes it as a liveness probe and drops it. */
-enum { RXM_WARM_WAIT_MS = 2000 };
+enum { RXM_WARM_WAIT_MS = 2000, RXM_WARM_LAND_MS = 1 };
 
 static void warm_op_late(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
   (void)op, (void)done, (void)err; /* completed after warm_pool gave up on it */
@@ -167,7 +167,12 @@ static int warm_exchange(fab_endpoint* ep, fi_addr_t self, int64_t until) {
   int rc = warm_send(ep, self, until);
   if (rc == 0) rc = warm_wait(ep, &ep->rxm_warm[0], until);
   if (rc != 0) return rc;
-  /* The send completes once rxm holds the message at our end: it is early. */
+  /* The send completed once its bytes were in the socket; progress a little
+   * longer so that rxm has taken it in at our end, with no receive posted. */
+  for (int64_t land = fab_now_ms() + RXM_WARM_LAND_MS; fab_now_ms() <= land;) {
+    fab_cqe e[4];
+    fi_cq_read(ep->cq, e, 4); /* nothing else is posted: only progress */
+  }
   rc = (int)fi_recv(ep->ep, ep->rxm_warm_buf, sizeof(ep->rxm_warm_buf), NULL, FI_ADDR_UNSPEC, &ep->rxm_warm[1].ctx);
   if (rc == 0) rc = warm_wait(ep, &ep->rxm_warm[1], until);
   return rc;
