@@ -244,12 +244,10 @@ fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const 
                         memory_order_relaxed);
   r->size = sizes[0];
   r->tag = tags[0];
-  size_t largest = 0;
-  for (int i = 0; i < n; i++) largest = sizes[i] > largest ? sizes[i] : largest;
-  fab_req_sized(r, largest);
   ssize_t err = 0;
   pthread_mutex_lock(&c->ep->lock);
   for (int i = 0; i < n; i++) {
+    fab_req_sized(r, sizes[i]); /* before its post: a rail's thread polls for a large one */
     ssize_t e = post_buffer(c, r, i, data[i], sizes[i], tags[i], mrs[i]);
     if (e && !err) err = e;
   }
