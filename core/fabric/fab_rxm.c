@@ -152,13 +152,19 @@ static int warm_wait(fab_endpoint* ep, fab_op* op, int64_t until) {
   }
 }
 
+/* Progress only: called while none of the warm-up's operations is posted
+ * or none is left to wait for, so no completion read here is wanted. */
+static void warm_progress(fab_endpoint* ep) {
+  fab_cqe e[4];
+  (void)fi_cq_read(ep->cq, e, 4);
+}
+
 /* Posts the empty message to self, retrying while rxm connects to itself. */
 static int warm_send(fab_endpoint* ep, fi_addr_t self, int64_t until) {
   for (;;) {
     ssize_t rc = fi_send(ep->ep, NULL, 0, NULL, self, &ep->rxm_warm[0].ctx);
     if (rc != -FI_EAGAIN) return (int)rc;
-    fab_cqe e[4];
-    fi_cq_read(ep->cq, e, 4); /* progress: nothing else is posted */
+    warm_progress(ep);
     if (fab_now_ms() > until) return -FI_ETIMEDOUT;
   }
 }
@@ -169,10 +175,7 @@ static int warm_exchange(fab_endpoint* ep, fi_addr_t self, int64_t until) {
   if (rc != 0) return rc;
   /* The send completed once its bytes were in the socket; progress a little
    * longer so that rxm has taken it in at our end, with no receive posted. */
-  for (int64_t land = fab_now_ms() + RXM_WARM_LAND_MS; fab_now_ms() <= land;) {
-    fab_cqe e[4];
-    fi_cq_read(ep->cq, e, 4); /* nothing else is posted: only progress */
-  }
+  for (int64_t land = fab_now_ms() + RXM_WARM_LAND_MS; fab_now_ms() <= land;) warm_progress(ep);
   rc = (int)fi_recv(ep->ep, ep->rxm_warm_buf, sizeof(ep->rxm_warm_buf), NULL, FI_ADDR_UNSPEC, &ep->rxm_warm[1].ctx);
   if (rc == 0) rc = warm_wait(ep, &ep->rxm_warm[1], until);
   return rc;
