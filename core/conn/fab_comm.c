@@ -302,8 +302,9 @@ static void wait_pending_requests(fab_endpoint* ep, fab_comm* c, const char* fn)
              "%d ms (their receives were not posted, or the peer stopped progressing); it may still read their "
              "buffers, so keep them until finalize", fn, c->peer_name, FAB_CLOSE_DRAIN_MS);
   else if (undelivered(c) && c->error == FAB_OK)
-    FAB_WARN("%s: %s had not confirmed the last large message sent to it %d ms after close (its receive was not "
-             "posted, or the peer stopped progressing); closing the endpoint before it arrives may lose it", fn,
+    FAB_WARN("%s: the last messages sent to %s were not known to have left %d ms after close (the peer had not "
+             "confirmed a large one: its receive was not posted, or it stopped progressing; or the probe that follows "
+             "small ones did not complete); closing the endpoint before they arrive may lose them", fn,
              c->peer_name, FAB_CLOSE_DRAIN_MS);
 }
 

@@ -101,12 +101,14 @@ static const char* reject_reason(const struct fi_info* fi, const fab_transport_o
  * receive never completes. There a write asks for delivery completion (the
  * peer's provider acknowledges it). Hardware providers complete a write on
  * the peer's acknowledgement already; intra-host ones place it directly. */
+static int over_sockets(const char* prov) {
+  size_t n = strcspn(prov, ";");
+  return (n == 3 && !strncmp(prov, "tcp", 3)) || (n == 7 && !strncmp(prov, "sockets", 7));
+}
+
 static uint64_t write_flags(const char* prov) {
   int want = fab_g.params.delivery_complete;
-  if (want < 0) {
-    size_t n = strcspn(prov, ";");
-    want = (n == 3 && !strncmp(prov, "tcp", 3)) || (n == 7 && !strncmp(prov, "sockets", 7));
-  }
+  if (want < 0) want = over_sockets(prov);
   return want ? FI_DELIVERY_COMPLETE : 0;
 }
 
@@ -195,6 +197,7 @@ static int add_device(const struct fi_info* fi, const fab_transport_ops* t, int 
   if (d->cq_narrow && d->tags.conn_max > t->needs.conn_max_narrow) d->tags.conn_max = t->needs.conn_max_narrow;
   const char* prov = fi->fabric_attr->prov_name;
   d->write_flags = write_flags(prov);
+  d->one_stream = over_sockets(prov);
   d->prov_hash = (uint32_t)fab_fnv1a(FAB_FNV_SEED, prov, strlen(prov));
   snprintf(d->name, sizeof(d->name), "%s", fi->domain_attr->name ? fi->domain_attr->name : prov);
   if (rail > 0) {

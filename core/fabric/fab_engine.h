@@ -144,6 +144,8 @@ typedef struct fab_device {
   int local_only;        /* no FI_REMOTE_COMM: a further send comm to a peer gets its own endpoint */
   int ordered_writes;    /* FI_ORDER_WAW asked and granted: RMA writes to a peer are placed in order */
   uint64_t write_flags;  /* FI_DELIVERY_COMPLETE where a write would complete before the peer holds it */
+  int one_stream;        /* over kernel sockets (tcp, sockets): every operation to a peer goes, in post order,
+                          * through one byte stream, so a later one's completion says the earlier ones left */
   uint32_t prov_hash;
   fab_properties props;   /* as the runtime sees it: vprops in its device indices */
   int nmembers;           /* a virtual device's rails: our indices of its physical members; 0 when physical */
@@ -427,6 +429,19 @@ int fab_signals_reset_psm(void);
  * inject size is not 0 and len fits. */
 static inline int fab_dev_injects(const fab_device* d, size_t len) {
   return d->inject_size > 0 && len <= d->inject_size;
+}
+
+/* 1 when a tagged message of len bytes from host memory may go inline
+ * (fi_tinject*), with no completion to wait for: the provider takes it in
+ * one post, and either places it in the peer's memory before the post
+ * returns (local_only), or sends it through the peer's one stream
+ * (one_stream), where a probe posted later proves, when it completes, that
+ * the message left too (fab_comm_post_probe: a send comm's close). Elsewhere
+ * (EFA, verbs, cxi) nothing orders a later probe after it. Over tcp this
+ * saves the provider's completion, which costs a wake-up write and read on a
+ * socket pair per batch (libfabric 1.17's tcp CQ signals every completion). */
+static inline int fab_dev_tagged_inline(const fab_device* d, size_t len) {
+  return fab_dev_injects(d, len) && (d->local_only || d->one_stream);
 }
 
 /* The device's provider name (virtual devices: their carrier's). */

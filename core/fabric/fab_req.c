@@ -242,6 +242,17 @@ void fab_comm_ctl_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_e
   atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
 }
 
+int fab_comm_post_probe(fab_comm* c) {
+  atomic_fetch_add(&c->inflight, 1);
+  ssize_t rc = fi_send(c->ep->ep, NULL, 0, NULL, c->peer, &c->probe_op.ctx);
+  if (rc == 0) {
+    c->probe_posted = 1;
+    return 0;
+  }
+  atomic_fetch_sub(&c->inflight, 1);
+  return (int)rc;
+}
+
 /* Liveness: any completion of the comm's operations counts as a sign of life.
  * When none came since the last check, a zero-byte message to the peer's
  * control receive is posted (at most one per FAB_PROBE_INTERVAL_MS): its send
@@ -274,11 +285,7 @@ void fab_comm_check_peer(fab_comm* c) {
     if (check_local_peer_locked(c)) {
       /* a peer on this host: asked of the kernel, never probed (fab_peer.c) */
     } else {
-      atomic_fetch_add(&c->inflight, 1);
-      if (fi_send(ep->ep, NULL, 0, NULL, c->peer, &c->probe_op.ctx) == 0)
-        c->probe_posted = 1;
-      else
-        atomic_fetch_sub(&c->inflight, 1);
+      (void)fab_comm_post_probe(c);
     }
   }
   pthread_mutex_unlock(&ep->lock);

@@ -80,6 +80,13 @@ static inline void fab_req_op_done(fab_req* r, int shared) {
     atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel);
 }
 
+/* r's only operation completed as it was posted (a message that went
+ * inline): no completion came from the peer's side, so it is no sign of
+ * the peer's life (fab_comm_check_peer). */
+static inline void fab_req_op_done_inline(fab_req* r) {
+  atomic_store_explicit(&r->pending, 0, memory_order_release);
+}
+
 /* Records a failed operation of r on its buffer of size bytes with NCCL tag
  * tag: the result code and the message test will WARN. Returns the bytes
  * the provider reports as received (truncation). ep lock held. */
@@ -116,6 +123,10 @@ static inline void fab_comm_stalled(fab_comm* c) {
   }
 }
 
+/* Posts a zero-byte message to c's peer's control receive (c->probe_op,
+ * probe_posted until it completes; the peer takes it as a liveness probe):
+ * 0, or the provider's error. ep lock held. */
+int fab_comm_post_probe(fab_comm* c);
 /* The probe's completion handler (the comm's probe_op). */
 void fab_comm_probe_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
 /* The completion handler of a transport's control writes (the comm's ctl_op). */

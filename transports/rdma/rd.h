@@ -164,7 +164,14 @@ typedef struct rd_scomm {
   uint32_t tcredits;           /* tagged messages we may still send before the receiver takes some */
   uint64_t tsent;              /* tagged credits used so far */
   uint64_t confirm_at;         /* tsent after the last message whose delivery close waits for (rd_tagged_undelivered) */
+  uint8_t flush;               /* RD_FLUSH_*: whether close still proves that inline messages left */
 } rd_scomm;
+
+/* A message that went inline through a stream (fab_dev_tagged_inline) may
+ * still sit in the provider's queue, behind a large one, when its request is
+ * done; close flushes it: a probe posted after it completes only once it
+ * left (rd_tagged_undelivered). */
+enum { RD_FLUSH_NONE = 0, RD_FLUSH_OWED = 1, RD_FLUSH_POSTED = 2 };
 
 /* WAITING: numbered, its announcement not written yet; UNPOSTED, LISTENING:
  * asked announcements, its tagged receive not posted yet, posted. */
@@ -280,8 +287,10 @@ void rd_eager_ack_if_due(fab_comm* c);
 /* Sender, ep lock held: posts r's tagged message, using a credit: 0 (its
  * data: its completion ends r), 1 (its request-to-send: r now waits for its
  * announcement; its mark: r is written next; its abandon message: r fails),
- * -FI_EAGAIN (no credit, or the provider is busy), or another provider
+ * RD_WENT_INLINE (its data went inline: r is done with, nothing completes
+ * it), -FI_EAGAIN (no credit, or the provider is busy), or another provider
  * error. */
+enum { RD_WENT_INLINE = 2 };
 ssize_t rd_tagged_send(fab_comm* c, fab_req* r);
 /* Receiver, ep lock held: posts buffer b's tagged receive: 0, -FI_EAGAIN or an error. */
 ssize_t rd_tagged_listen(fab_comm* c, rd_rsub* b);
@@ -294,8 +303,10 @@ void rd_tagged_unlisten(fab_comm* c, rd_rsub* b);
 void rd_tagged_taken(fab_comm* c, size_t len);
 /* Sender, ep lock held: the receiver gave back n credits of messages taken. */
 void rd_tagged_credits(fab_comm* c, uint32_t n);
-/* Sender, ep lock held: 1 while the receiver has not given back the credits
- * of the last confirmed message (rd_tagged_confirms). */
+/* Sender, ep lock held (close): 1 while the receiver has not given back the
+ * credits of the last confirmed message (rd_tagged_confirms), or while
+ * messages that went inline are not proved gone (posts the probe that
+ * proves it, RD_FLUSH_*). */
 int rd_tagged_undelivered(fab_comm* c);
 /* Receiver, ep lock held: gives taken messages back once half the credits
  * wait, or once a confirmation is due (rd_tagged_confirm_due). */

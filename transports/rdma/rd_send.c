@@ -128,6 +128,11 @@ static ssize_t send_tagged(fab_comm* c, fab_req* r) {
     q->ts = RD_TS_ABANDON; /* never read from a closed region; its receive is told instead */
   const char* what = q->ts == RD_TS_RTS ? "request-to-send" : q->ts == RD_TS_MARK ? "mark" : "message";
   ssize_t rc = rd_tagged_send(c, r);
+  if (rc == RD_WENT_INLINE) { /* the provider holds its bytes: nothing will complete it */
+    let_go(q);
+    fab_req_op_done_inline(r);
+    return 0;
+  }
   if (FAB_LIKELY(rc >= 0) && q->ts == RD_TS_ABANDON) {
     snprintf(msg, sizeof(msg), "send of %zu bytes (tag %d) to %s: its buffer was deregistered before the send "
              "could be posted; deregister a buffer only after its sends complete", r->size, r->tag, c->peer_name);

@@ -33,7 +33,8 @@
 
 /* Its tagged message (rd_tag_word: the kind, and how far we consumed
  * announcements): the data, or 0 bytes for a request-to-send or a mark,
- * which nothing completes. */
+ * which nothing completes. Data of host memory that fits the provider's
+ * inject size goes inline (fab_dev_tagged_inline): RD_WENT_INLINE. */
 static ssize_t post_tsend(fab_comm* c, rd_sreq* q, size_t size, uint64_t tag) {
   unsigned kind = q->ts == RD_TS_DATA   ? RD_TAG_DATA
                   : q->ts == RD_TS_RTS  ? RD_TAG_RTS
@@ -41,12 +42,17 @@ static ssize_t post_tsend(fab_comm* c, rd_sreq* q, size_t size, uint64_t tag) {
                                         : RD_TAG_ABANDON;
   uint64_t data = rd_tag_word(kind, rd_s(c)->next_index);
   ssize_t rc;
+  int inline_data = kind == RD_TAG_DATA && q->host && fab_dev_tagged_inline(c->ep->dev, size);
   int held = fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
-  if (kind == RD_TAG_DATA)
+  if (kind == RD_TAG_DATA && !inline_data)
     rc = fi_tsenddata(c->ep->ep, q->data, size, q->desc, data, c->peer, tag, &q->op.ctx);
   else
-    rc = fi_tinjectdata(c->ep->ep, NULL, 0, data, c->peer, tag);
+    rc = fi_tinjectdata(c->ep->ep, inline_data ? q->data : NULL, inline_data ? size : 0, data, c->peer, tag);
   fab_ep_serial_leave(c->ep, held);
+  if (rc == 0 && inline_data) {
+    if (!c->ep->dev->local_only) rd_s(c)->flush = RD_FLUSH_OWED;
+    return RD_WENT_INLINE;
+  }
   return rc;
 }
 
@@ -56,11 +62,11 @@ ssize_t rd_tagged_send(fab_comm* c, fab_req* r) {
   uint32_t weight = rd_tagged_weight(q->ts == RD_TS_DATA ? r->size : 0);
   if (s->tcredits < weight) return -FI_EAGAIN; /* the receiver holds as much untaken as it allows */
   ssize_t rc = post_tsend(c, q, r->size, c->tag_base | (uint32_t)r->tag);
-  if (rc != 0) return rc;
+  if (rc < 0) return rc;
   s->tcredits -= weight;
   s->tsent += weight;
   if (q->ts == RD_TS_DATA && rd_tagged_confirms(c, weight)) s->confirm_at = s->tsent;
-  if (q->ts == RD_TS_DATA) return 0; /* its completion ends it (write_done) */
+  if (q->ts == RD_TS_DATA) return rc; /* its completion ends it (write_done), or it went inline */
   if (q->ts == RD_TS_RTS) q->ts = RD_TS_ASKED;
   else if (q->ts == RD_TS_MARK) q->ts = RD_TS_MARKED;
   return 1;
@@ -79,10 +85,28 @@ void rd_tagged_credits(fab_comm* c, uint32_t n) {
  * message is taken only after the earlier ones' bytes left our socket (one
  * ordered stream per peer): so once the credits given back reach those used
  * through the confirmed message, its bytes are out of our socket. */
+/* The probe goes after every message that went inline (one stream per
+ * peer): its completion says they left our queue too. Until it is posted,
+ * or while an earlier liveness probe holds the comm's only probe, close
+ * waits; a probe the provider refuses for good leaves nothing to prove. */
+static int inline_unflushed(fab_comm* c) {
+  rd_scomm* s = rd_s(c);
+  if (s->flush == RD_FLUSH_NONE) return 0;
+  if (c->error != FAB_OK) s->flush = RD_FLUSH_NONE; /* the connection failed: nothing more leaves */
+  else if (c->probe_posted) return 1;
+  else if (s->flush == RD_FLUSH_POSTED) s->flush = RD_FLUSH_NONE; /* ours completed */
+  else {
+    int rc = fab_comm_post_probe(c);
+    if (rc == 0) s->flush = RD_FLUSH_POSTED;
+    else if (rc != -FI_EAGAIN) s->flush = RD_FLUSH_NONE;
+  }
+  return s->flush != RD_FLUSH_NONE;
+}
+
 int rd_tagged_undelivered(fab_comm* c) {
   rd_scomm* s = rd_s(c);
   uint64_t given_back = s->tsent - (RD_TAGGED_CREDITS - s->tcredits);
-  return given_back < s->confirm_at;
+  return given_back < s->confirm_at || inline_unflushed(c);
 }
 
 /* --- receiver -------------------------------------------------------------------- */

@@ -116,9 +116,18 @@ static inline void req_put(fab_req* r) { fab_req_put(r); }
 
 /* --- send ---------------------------------------------------------------------- */
 
-static inline ssize_t post_send(fab_comm* c, sr_sub* s, void* data, size_t size, void* desc) {
+/* 1 when the message goes inline: host memory within the inject size of an
+ * intra-host provider, which places it in the peer's memory as it is posted
+ * (fab_dev_tagged_inline; through a stream, only the rdma transport proves at
+ * close that such messages left). */
+static inline int goes_inline(fab_comm* c, size_t size, fab_mr* mr) {
+  return c->ep->dev->local_only && (!mr || mr->type != FAB_PTR_CUDA) && fab_dev_tagged_inline(c->ep->dev, size);
+}
+
+static inline ssize_t post_send(fab_comm* c, sr_sub* s, void* data, size_t size, void* desc, int inline_data) {
   int held = fab_ep_serial_enter(c->ep); /* local-only providers: not while another thread progresses (fab_engine.h) */
-  ssize_t rc = fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
+  ssize_t rc = inline_data ? fi_tinject(c->ep->ep, data, size, c->peer, s->tag)
+                           : fi_tsend(c->ep->ep, data, size, desc, c->peer, s->tag, &s->op.ctx);
   fab_ep_serial_leave(c->ep, held);
   return rc;
 }
@@ -138,12 +147,17 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr
   r->tag = tag;
   fab_req_sized(r, size);
   sub_set_state(s, FAB_SUB_POSTED);
-  ssize_t rc = post_send(c, s, data, size, desc);
+  int inline_data = goes_inline(c, size, mr);
+  ssize_t rc = post_send(c, s, data, size, desc, inline_data);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
     progress(c, NULL);
-    rc = post_send(c, s, data, size, desc);
+    rc = post_send(c, s, data, size, desc, inline_data);
   }
   if (FAB_LIKELY(rc == 0)) {
+    if (inline_data) { /* placed: nothing will complete it */
+      sub_set_state(s, FAB_SUB_DONE);
+      fab_req_op_done_inline(r);
+    }
     *request = r;
     return FAB_OK;
   }
@@ -151,7 +165,8 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr
   req_put(r);
   *request = NULL;
   if (rc == -FI_EAGAIN) return FAB_OK;
-  FAB_WARN("isend of %zu bytes (tag %d) to %s: fi_tsend failed: %s", size, tag, c->peer_name, fi_strerror((int)-rc));
+  FAB_WARN("isend of %zu bytes (tag %d) to %s: %s failed: %s", size, tag, c->peer_name,
+           inline_data ? "fi_tinject" : "fi_tsend", fi_strerror((int)-rc));
   return fab_result_from_fi((int)-rc);
 }
 
