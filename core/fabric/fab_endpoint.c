@@ -399,7 +399,9 @@ enum { FAB_HELPER_SPINS = 64 }; /* polls between yields */
  * costs a core only while its comms move data, not through a runtime's
  * compute phases. Nothing waits on a sleeping thread: with no request live
  * nothing is owed, and the runtime's own tests still read the CQ one time in
- * FAB_HELPED_POLL_EVERY while the thread wakes. */
+ * FAB_HELPED_POLL_EVERY while the thread wakes. With only small requests
+ * live for that long (the runtime's tests read the CQ then), it sleeps too,
+ * until a large request, a post left to it or a closing comm wakes it. */
 enum { FAB_HELPER_IDLE_MS = 10, FAB_HELPER_NAP_MS = 100 };
 
 static fab_result poll_read(fab_endpoint* ep, const fab_cqe* e, ssize_t n);
@@ -434,28 +436,40 @@ static int futex_word(_Atomic int* w, int op, int val, const struct timespec* ti
 }
 
 void fab_ep_helper_wake(fab_endpoint* ep) {
-  if (atomic_exchange(&ep->helper_asleep, 0)) futex_word(&ep->helper_asleep, FUTEX_WAKE_PRIVATE, 1, NULL);
+  if (atomic_exchange(&ep->helper_asleep, FAB_HELPER_AWAKE))
+    futex_word(&ep->helper_asleep, FUTEX_WAKE_PRIVATE, 1, NULL);
 }
 
-/* Sleeps until a request is handed out, the thread is stopped, or a nap
- * ends. The store of asleep before the load of busy pairs with
- * fab_ep_helper_busy's increment before its load of asleep: one of the two
- * sees the other, so a request handed out now is never slept through. */
+/* Whether the thread may sleep as `how` (FAB_HELPER_*), read after its
+ * store of asleep: the wakers change what is read here before they load
+ * asleep (fab_ep_helper_busy, fab_ep_helper_large, fab_ep_want_pump,
+ * fab_ep_nclosing_add), so one of the two sees the other and nothing is
+ * slept through. */
+static int helper_may_sleep(fab_endpoint* ep, int how) {
+  if (!atomic_load(&ep->helper_run) || atomic_load(&ep->pump_wanted) || atomic_load(&ep->nclosing) > 0) return 0;
+  if (how == FAB_HELPER_ASLEEP_IDLE) return atomic_load(&ep->helper_busy) <= 0;
+  return fab_ep_helper_small_only(ep);
+}
+
+/* Sleeps until what may wake it happens (no request live: one is handed
+ * out; only small ones: a large one, a post or a close), the thread is
+ * stopped, or a nap ends. */
 static void helper_sleep(fab_endpoint* ep) {
-  atomic_store(&ep->helper_asleep, 1);
-  if (atomic_load(&ep->helper_busy) <= 0 && atomic_load(&ep->helper_run)) {
+  int how = atomic_load(&ep->helper_busy) > 0 ? FAB_HELPER_ASLEEP_SMALL : FAB_HELPER_ASLEEP_IDLE;
+  atomic_store(&ep->helper_asleep, how);
+  if (helper_may_sleep(ep, how)) {
     struct timespec nap = {.tv_sec = 0, .tv_nsec = FAB_HELPER_NAP_MS * 1000000L};
-    futex_word(&ep->helper_asleep, FUTEX_WAIT_PRIVATE, 1, &nap);
+    futex_word(&ep->helper_asleep, FUTEX_WAIT_PRIVATE, how, &nap);
   }
-  atomic_store(&ep->helper_asleep, 0);
+  atomic_store(&ep->helper_asleep, FAB_HELPER_AWAKE);
 }
 
-/* Whether the thread has been idle long enough to sleep: no request live,
- * no post left to it, and nothing for the sweep to revisit (closed comms,
- * control messages the provider refused) since idle_since (0: busy until
- * now). */
+/* Whether the thread has been idle long enough to sleep: no large request
+ * live (small ones leave the CQ to the runtime's tests), no post left to
+ * it, and nothing for the sweep to revisit (closed comms, control messages
+ * the provider refused) since idle_since (0: busy until now). */
 static int helper_idle_long(fab_endpoint* ep, int64_t* idle_since) {
-  if (atomic_load_explicit(&ep->helper_busy, memory_order_acquire) > 0 ||
+  if ((atomic_load_explicit(&ep->helper_busy, memory_order_acquire) > 0 && !fab_ep_helper_small_only(ep)) ||
       atomic_load_explicit(&ep->pump_wanted, memory_order_acquire) ||
       atomic_load_explicit(&ep->nclosing, memory_order_relaxed) > 0) {
     *idle_since = 0;
@@ -689,8 +703,8 @@ void fab_ep_peer_name(fab_endpoint* ep, fi_addr_t a, char* buf, size_t len) {
 void fab_ep_park(fab_endpoint* ep, fab_parked* p) { fab_list_push(&ep->parked, &p->node); }
 
 void fab_ep_nclosing_add(fab_endpoint* ep, int d) {
-  atomic_store_explicit(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) + d,
-                        memory_order_relaxed);
+  atomic_store(&ep->nclosing, atomic_load_explicit(&ep->nclosing, memory_order_relaxed) + d);
+  if (d > 0 && FAB_UNLIKELY(atomic_load(&ep->helper_asleep))) fab_ep_helper_wake(ep); /* it revisits them */
 }
 
 /* Control buffers need a descriptor on FI_MR_LOCAL providers. */

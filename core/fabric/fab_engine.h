@@ -262,7 +262,8 @@ struct fab_endpoint {
   _Atomic int pump_wanted; /* a comm left posts to the thread (fab_ep_want_pump) */
   _Atomic int helper_busy;   /* requests live on ep's comms while the thread runs (fab_req_get/put) */
   _Atomic int helper_large;  /* ... of them large (FABRIC_RAIL_SMALL_MAX, fab_req_sized) */
-  _Atomic int helper_asleep; /* the thread sleeps on this word (a futex) after FAB_HELPER_IDLE_MS idle */
+  _Atomic int helper_asleep; /* FAB_HELPER_*: the thread sleeps on this word (a futex) after FAB_HELPER_IDLE_MS
+                              * idle */
 };
 
 /* --- comms and requests --------------------------------------------------- */
@@ -523,13 +524,20 @@ int fab_local_buried_count(void);
  * for its next round of polls, so a full queue does not keep it taking the
  * endpoint lock. */
 enum { FAB_PUMP_NOW = 1, FAB_PUMP_RETRY = 2 };
+/* How the polling thread sleeps: not (AWAKE); with no request live (IDLE:
+ * the next one handed out wakes it); with only small ones live (SMALL: a
+ * large one, a post left to it or a closing comm wakes it). */
+enum { FAB_HELPER_AWAKE = 0, FAB_HELPER_ASLEEP_IDLE = 1, FAB_HELPER_ASLEEP_SMALL = 2 };
+void fab_ep_helper_wake(fab_endpoint* ep);
 static inline void fab_ep_want_pump(fab_endpoint* ep) {
-  atomic_store_explicit(&ep->pump_wanted, FAB_PUMP_NOW, memory_order_release);
+  atomic_store(&ep->pump_wanted, FAB_PUMP_NOW); /* before the asleep load: pairs with helper_sleep */
+  if (FAB_UNLIKELY(atomic_load(&ep->helper_asleep))) fab_ep_helper_wake(ep);
 }
 static inline void fab_ep_want_pump_retry(fab_endpoint* ep) {
   int idle = 0;
-  atomic_compare_exchange_strong_explicit(&ep->pump_wanted, &idle, FAB_PUMP_RETRY, memory_order_acq_rel,
-                                          memory_order_relaxed);
+  if (atomic_compare_exchange_strong(&ep->pump_wanted, &idle, FAB_PUMP_RETRY) &&
+      FAB_UNLIKELY(atomic_load(&ep->helper_asleep)))
+    fab_ep_helper_wake(ep);
 }
 /* A thread polling ep's completion queue for the comms over several rails
  * that use ep (FABRIC_RAIL_THREADS): the first acquire starts it, the last
@@ -538,11 +546,11 @@ static inline void fab_ep_want_pump_retry(fab_endpoint* ep) {
 int fab_ep_helper_acquire(fab_endpoint* ep);
 void fab_ep_helper_release(fab_endpoint* ep);
 /* A request of a comm on ep was handed out while ep's polling thread runs:
- * the thread stays awake until none is live, and wakes if it slept. */
-void fab_ep_helper_wake(fab_endpoint* ep);
+ * the thread stays awake until none is live, and wakes if it slept with
+ * none live. */
 static inline void fab_ep_helper_busy(fab_endpoint* ep) {
   atomic_fetch_add(&ep->helper_busy, 1); /* before the asleep load: pairs with the thread's store and load */
-  if (FAB_UNLIKELY(atomic_load(&ep->helper_asleep))) fab_ep_helper_wake(ep);
+  if (FAB_UNLIKELY(atomic_load(&ep->helper_asleep) == FAB_HELPER_ASLEEP_IDLE)) fab_ep_helper_wake(ep);
 }
 static inline void fab_ep_helper_idle(fab_endpoint* ep) {
   atomic_fetch_sub_explicit(&ep->helper_busy, 1, memory_order_release);
@@ -554,7 +562,12 @@ static inline void fab_ep_helper_idle(fab_endpoint* ep) {
  * small messages at once: the thread's polls in between cost netbench's
  * 8-byte ping-pong over four rails 2.1x raw against 1.2x. */
 static inline void fab_ep_helper_large(fab_endpoint* ep, int delta) {
-  atomic_fetch_add_explicit(&ep->helper_large, delta, memory_order_relaxed);
+  if (delta < 0) {
+    atomic_fetch_add_explicit(&ep->helper_large, delta, memory_order_relaxed);
+    return;
+  }
+  atomic_fetch_add(&ep->helper_large, delta); /* before the asleep load: pairs with helper_sleep */
+  if (FAB_UNLIKELY(atomic_load(&ep->helper_asleep))) fab_ep_helper_wake(ep);
 }
 static inline int fab_ep_helper_small_only(fab_endpoint* ep) {
   return atomic_load_explicit(&ep->helper_large, memory_order_relaxed) <= 0;

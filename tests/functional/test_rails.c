@@ -601,6 +601,14 @@ static long idle_rail_threads_cpu_ms(void) {
   return (t1 - t0) * 1000 / hz;
 }
 
+/* Two fused rails with a thread each, messages split from 1 MiB: 0 where the
+ * test cannot run here. */
+static int open_threaded_rails(ft_side* s, ft_peer* peer, ft_conn* c) {
+  setenv("FABRIC_RAIL_THREADS", "2", 1);
+  setenv("FABRIC_STRIPE_THRESHOLD", "1048576", 1);
+  return open_fused(s, peer, c, 2, 1);
+}
+
 /* A rail's polling thread sleeps once no request of its comms has been live
  * for a while (a runtime's compute phase), so it costs no core then, and
  * the next request wakes it: a message again moves with tests that leave
@@ -608,17 +616,49 @@ static long idle_rail_threads_cpu_ms(void) {
  * over the rails, so the receiver keeps stripe-notice receives posted on
  * every rail from then on: they must not hold the threads awake. */
 FT_PAIR_TEST(rails_threads_sleep_idle, 120) {
-  setenv("FABRIC_RAIL_THREADS", "2", 1);
-  setenv("FABRIC_STRIPE_THRESHOLD", "1048576", 1);
   ft_side s;
   ft_conn c;
-  if (!open_fused(&s, peer, &c, 2, 1)) return;
+  if (!open_threaded_rails(&s, peer, &c)) return;
   FT_CHECK(rail_threads_running() == 2, "%d rail threads over 2 rails", rail_threads_running());
   stream(&s, &c);
   ft_sync(peer, "streamed", T_MS);
   long spent_ms = idle_rail_threads_cpu_ms();
   FT_CHECK(spent_ms <= 50, "the rail threads used %ld ms of CPU in 500 ms with no request live", spent_ms);
   move_by_threads(&s, &c, peer, 79);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
+
+/* While only small requests are live (a receive of 8 bytes waits for its
+ * message), the runtime's tests read the CQ and the rails' threads sleep:
+ * they cost no core through a phase of small messages. The message then
+ * still arrives, and a large one afterwards wakes the threads to move it. */
+FT_PAIR_TEST(rails_threads_sleep_small_live, 120) {
+  ft_side s;
+  ft_conn c;
+  if (!open_threaded_rails(&s, peer, &c)) return;
+  ft_mr sm, rm;
+  ft_mr_alloc(&s, &sm, c.send_comm, 64);
+  ft_mr_alloc(&s, &rm, c.recv_comm, 64);
+  ft_fill(sm.buf, 8, 91 + (uint64_t)ft_role());
+  size_t cap = 8;
+  int tag = 400;
+  void* rreq = post_recv(&s, c.recv_comm, 1, &rm.buf, &cap, &tag, &rm.mh);
+  ft_sync(peer, "posted", T_MS);
+  long spent_ms = idle_rail_threads_cpu_ms();
+  FT_CHECK(spent_ms <= 50, "the rail threads used %ld ms of CPU in 500 ms with only an 8-byte receive live",
+           spent_ms);
+  ft_sync(peer, "measured", T_MS);
+  void* sreq = post_send(&s, c.send_comm, sm.buf, 8, tag, sm.mh);
+  int got[FAB_MAX_RECVS];
+  void* reqs[2] = {rreq, sreq};
+  ft_wait_all(&s, reqs, 2, got, 1, T_MS, "an 8-byte message while the rails' threads sleep");
+  ft_verify_or_fail(rm.buf, 8, 91 + (uint64_t)(ft_role() == FT_PARENT ? FT_CHILD : FT_PARENT),
+                    "a small message while the threads slept");
+  ft_sync(peer, "small moved", T_MS);
+  move_by_threads(&s, &c, peer, 97);
+  ft_mr_free(&s, &sm);
+  ft_mr_free(&s, &rm);
   ft_close_all(&s, &c, 1);
   ft_side_close(&s);
 }

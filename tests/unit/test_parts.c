@@ -404,6 +404,49 @@ Test(mr_cache, failed_registration) {
 
 #include "fab_req.h"
 
+/* Waits up to ms for the polling thread's sleep state to read `want`. */
+static int helper_reaches(fab_endpoint* ep, int want, int ms) {
+  for (int64_t end = fab_now_ms() + ms; fab_now_ms() < end; usleep(1000))
+    if (atomic_load(&ep->helper_asleep) == want) return 1;
+  return atomic_load(&ep->helper_asleep) == want;
+}
+
+/* A rail's polling thread sleeps while only small requests are live (the
+ * runtime's tests read the CQ then), a small one handed out leaves it
+ * asleep, and a large one wakes it. The endpoint has no CQ: the thread
+ * never reads it while only small requests are live, and once woken it
+ * finds the endpoint failed and ends. */
+Test(rails, thread_sleeps_while_only_small_requests_live) {
+  fab_g.params.rail_small_max = 65536;
+  static fab_endpoint ep;
+  static fab_comm c;
+  static fab_req small, small2, large;
+  pthread_mutex_init(&ep.helper_lock, NULL);
+  atomic_store(&ep.cq_gated, 1);
+  c.ep = &ep;
+  c.helped = 1;
+  small.comm = small2.comm = large.comm = &c;
+  small.busy = (uint8_t)fab_ep_helper_hold(&ep);
+  fab_req_sized(&small, 8);
+  cr_assert_eq(fab_ep_helper_acquire(&ep), 0, "the thread started");
+  cr_assert(helper_reaches(&ep, FAB_HELPER_ASLEEP_SMALL, 500), /* its idle time (10 ms) many times over */
+            "only a small request live: the thread sleeps (state %d)", atomic_load(&ep.helper_asleep));
+  small2.busy = (uint8_t)fab_ep_helper_hold(&ep);
+  fab_req_sized(&small2, 4096);
+  usleep(2000);
+  cr_assert_eq(atomic_load(&ep.helper_asleep), FAB_HELPER_ASLEEP_SMALL, "another small one leaves it asleep");
+  atomic_store(&ep.failed, FAB_ERR_INTERNAL); /* what it finds once awake: it ends */
+  large.busy = (uint8_t)fab_ep_helper_hold(&ep);
+  fab_req_sized(&large, 65537);
+  cr_assert_eq(atomic_load(&ep.helper_asleep), FAB_HELPER_AWAKE, "a large one wakes it");
+  fab_ep_helper_release(&ep); /* joins it */
+  fab_req_let_go(&large);
+  fab_req_let_go(&small2);
+  fab_req_let_go(&small);
+  cr_assert_eq(atomic_load(&ep.helper_busy), 0);
+  pthread_mutex_destroy(&ep.helper_lock);
+}
+
 /* FABRIC_RAIL_SMALL_MAX: while only small requests are live on an endpoint
  * whose thread polls, the comms' tests read the CQ themselves; a large one
  * (or a split receive) leaves it to the thread again until it is gone. */
