@@ -26,9 +26,10 @@
 #include "fab_mr.h"
 #include "fab_transport.h" /* the needs of candidate transports (data only) */
 
-/* Reported when the provider does not know the link speed (tcp on lo, shm):
- * 100 Gb/s, a common NIC class, keeps NCCL's topology search from treating
- * the network as the bottleneck. */
+/* Reported when neither the provider nor the interface knows the link
+ * speed (shm): 100 Gb/s, a common NIC class, keeps NCCL's topology search
+ * from treating the network as the bottleneck. Socket providers report
+ * their interface's speed instead (fab_iface_speed_mbps). */
 #define FAB_DEFAULT_SPEED_MBPS 100000
 
 static uint32_t api_version(void) {
@@ -144,7 +145,10 @@ static void fill_properties(fab_device* d, const struct fi_info* fi) {
   p->reg_is_global = !d->mr_endpoint; /* FI_MR_ENDPOINT: a registration serves its comm's endpoint only */
   p->force_flush = 0;
   size_t bps = (fi->nic && fi->nic->link_attr) ? fi->nic->link_attr->speed : 0;
-  p->speed_mbps = bps >= 1000000 ? (int)(bps / 1000000 > INT_MAX ? INT_MAX : bps / 1000000) : FAB_DEFAULT_SPEED_MBPS;
+  int iface_mbps = fab_iface_speed_mbps(fi);
+  p->speed_mbps = bps >= 1000000 ? (int)(bps / 1000000 > INT_MAX ? INT_MAX : bps / 1000000)
+                  : iface_mbps   ? iface_mbps
+                                 : FAB_DEFAULT_SPEED_MBPS;
   if (fab_g.params.link_speed_mbps > 0) p->speed_mbps = fab_g.params.link_speed_mbps;
   p->port = 1;
   p->latency_us = 0.0f; /* unknown; NCCL uses its own per-transport constants */

@@ -465,6 +465,14 @@ int fab_nic_profile_mr_endpoint(void); /* ... FI_MR_ENDPOINT (the engine keeps r
  * (loopback, container bridges) while FI_TCP_IFACE chose none; discovery
  * leaves it out unless nothing else remains. */
 int fab_iface_listed(const struct fi_info* fi);
+/* The link speed of a socket provider's interface in Mb/s, as NCCL's Socket
+ * transport reads it (/sys/class/net/<interface>/speed), or
+ * FAB_IFACE_UNKNOWN_SPEED_MBPS where it has none (loopback, most virtual
+ * NICs), as Socket reports there; 0 for other providers. */
+enum { FAB_IFACE_UNKNOWN_SPEED_MBPS = 10000 };
+int fab_iface_speed_mbps(const struct fi_info* fi);
+/* The positive number of Mb/s in a sysfs speed file; 0 for none. */
+int fab_iface_read_speed(const char* path);
 
 /* fab_rxm.c: over tcp, ofi_rxm sends a message of up to its eager limit as
  * one message, straight into the posted receive. For a transport that

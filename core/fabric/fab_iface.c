@@ -7,7 +7,14 @@
  * (fab_device.c) leaves out, unless the user chose interfaces with
  * FI_TCP_IFACE or nothing else would remain (then every peer is on this
  * host, and loopback is the way to it).
+ *
+ * It also says how fast such an interface is: libfabric's tcp leaves the
+ * link speed out, and NCCL's tuning reads the speed a device reports (which
+ * protocol each size takes). The figure is the one NCCL's own Socket
+ * transport reports for the same interface, so both get NCCL's same tuning.
  */
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,4 +40,24 @@ static int listed(const char* name, const char* list) {
 int fab_iface_listed(const struct fi_info* fi) {
   const char* dom = fi->domain_attr->name;
   return socket_provider(fi) && dom && !getenv("FI_TCP_IFACE") && listed(dom, fab_g.params.exclude_if);
+}
+
+int fab_iface_read_speed(const char* path) {
+  FILE* f = fopen(path, "r");
+  if (!f) return 0;
+  long mbps = 0;
+  int ok = fscanf(f, "%ld", &mbps) == 1; /* loopback's file fails to read; many virtual NICs say -1 */
+  fclose(f);
+  return ok && mbps > 0 && mbps <= INT_MAX ? (int)mbps : 0;
+}
+
+int fab_iface_speed_mbps(const struct fi_info* fi) {
+  const char* dom = fi->domain_attr->name;
+  if (!socket_provider(fi)) return 0;
+  if (!dom || !*dom || strchr(dom, '/') || strstr(dom, "..")) return FAB_IFACE_UNKNOWN_SPEED_MBPS;
+  char path[96 + sizeof("/sys/class/net//speed")];
+  if ((size_t)snprintf(path, sizeof(path), "/sys/class/net/%s/speed", dom) >= sizeof(path))
+    return FAB_IFACE_UNKNOWN_SPEED_MBPS;
+  int mbps = fab_iface_read_speed(path);
+  return mbps ? mbps : FAB_IFACE_UNKNOWN_SPEED_MBPS;
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -80,7 +81,8 @@ Test(discovery, max_p2p_param) {
   api->finalize(ctx);
 }
 
-/* FABRIC_LINK_SPEED_MBPS replaces the speed a device reports (the provider's, or 100 Gb/s where it has none). */
+/* FABRIC_LINK_SPEED_MBPS replaces the speed a device reports (the provider's, the interface's on tcp, or 100 Gb/s
+ * where neither has one). */
 Test(discovery, link_speed_param) {
   ut_use_provider("shm");
   fab_ctx* ctx;
@@ -95,6 +97,37 @@ Test(discovery, link_speed_param) {
   unsetenv("FABRIC_LINK_SPEED_MBPS");
   cr_assert_eq(p.speed_mbps, 10000);
   api->finalize(ctx);
+}
+
+/* tcp reports its interface's speed as NCCL's Socket transport reads it, so that NCCL tunes both alike:
+ * loopback has none, and Socket says 10 Gb/s there (100 Gb/s had NCCL pick LL for 128 KiB all_reduce, Socket
+ * Simple). */
+Test(discovery, tcp_reports_the_interface_speed) {
+  ut_use_provider("tcp");
+  fab_ctx* ctx;
+  fab_properties p;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  api->get_properties(0, &p);
+  cr_assert_str_eq(p.name, "lo");
+  cr_assert_eq(p.speed_mbps, 10000, "loopback has no speed: NCCL Socket's 10 Gb/s, not %d", p.speed_mbps);
+  api->finalize(ctx);
+}
+
+/* The sysfs speed file: Mb/s when positive; unreadable (loopback), -1 (virtual NICs) or junk is none. */
+Test(discovery, interface_speed_file) {
+  char path[] = "/tmp/fabric-speed-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  const char* cases[][2] = {{"25000\n", "25000"}, {"-1\n", "0"}, {"unknown\n", "0"}, {"", "0"}, {"400000", "400000"}};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    cr_assert_eq(ftruncate(fd, 0), 0);
+    cr_assert_eq(pwrite(fd, cases[i][0], strlen(cases[i][0]), 0), (ssize_t)strlen(cases[i][0]));
+    cr_assert_eq(fab_iface_read_speed(path), atoi(cases[i][1]), "file '%s'", cases[i][0]);
+  }
+  close(fd);
+  unlink(path);
+  cr_assert_eq(fab_iface_read_speed(path), 0, "no file");
+  cr_assert_eq(fab_iface_read_speed("/sys/class/net/lo/speed"), 0, "loopback's file fails to read");
 }
 
 /* FABRIC_TAGGED_MAX, unset, is what the device's ofi_rxm sends as one
