@@ -190,7 +190,8 @@ const char* fab_wire_status_str(unsigned status) {
       return "the listener runs another transport; set the same FABRIC_TRANSPORT (and provider) on every rank";
     case FAB_ACCEPT_BAD_PAYLOAD: return "the listener's transport refused this connection's data (see its log)";
     case FAB_ACCEPT_RAILS:
-      return "the listener's device has another number of rails; fuse the same number of NICs on every rank";
+      return "the listener did not take this rail of the connection (a build that needs the same rail count on both "
+             "ends, or a rail count other than the one rail 0 agreed)";
     default: return "unknown status";
   }
 }

@@ -83,7 +83,7 @@ enum {
   FAB_ACCEPT_BAD_ADDRESS = 2,
   FAB_ACCEPT_TRANSPORT = 3,   /* the listener runs another transport */
   FAB_ACCEPT_BAD_PAYLOAD = 4, /* the listener's transport refused the connector's data */
-  FAB_ACCEPT_RAILS = 5,       /* the listener's device has another number of rails */
+  FAB_ACCEPT_RAILS = 5,       /* the listener takes no such rail (earlier builds: another number of rails) */
 };
 
 /* Answer, listener -> connector. The answer of rail 0 of a connection over

@@ -317,9 +317,9 @@ static fab_result check_answer(fab_pending* pc, int* done) {
     return FAB_ERR_REMOTE;
   }
   if (a.status == FAB_ACCEPT_RAILS) {
-    FAB_WARN("connect to %s refused: this rank's device has %d rails (rail 0 on %s), the listener's %u; fuse the same "
-             "number of NICs into the device on every rank (NCCL_NET_MERGE_LEVEL, NCCL_NET_FORCE_MERGE)",
-             c->peer_name, pc->rails, c->dev->name, a.rails);
+    FAB_WARN("connect to %s refused: the listener, whose device has %u rails, did not take rail %d of %d (rail 0 on "
+             "%s); builds before rail counts were agreed at connect need the same count on both ends: run one build "
+             "on every rank", c->peer_name, a.rails, pc->rail, pc->rails, c->dev->name);
     return FAB_ERR_INVALID_USAGE;
   }
   if (a.status == FAB_ACCEPT_TRANSPORT) {
@@ -337,11 +337,14 @@ static fab_result check_answer(fab_pending* pc, int* done) {
              c->ops->name);
     return FAB_ERR_REMOTE;
   }
-  if (a.rails != pc->rails || a.rail != pc->rail) {
+  /* rail 0 offered pc->rails and the listener may agree on fewer (its own count); the other rails were told */
+  if (a.rail != pc->rail || a.rails > pc->rails || (pc->rail > 0 && a.rails != pc->rails)) {
     FAB_WARN("connect to %s: the answer is for rail %u of %u, this was rail %d of %d", c->peer_name, a.rail, a.rails,
              pc->rail, pc->rails);
     return FAB_ERR_REMOTE;
   }
+  c->rails = a.rails;
+  if (a.rails < 2) c->stripe_from = 0;
   if (keep_rail_handles(pc, &a) != FAB_OK) return FAB_ERR_SYSTEM;
   c->peer_id = a.tp.comm_id;
   if (c->ops->connected) {

@@ -101,6 +101,17 @@ static void answer_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_
   fab_comm_op_done(c);
 }
 
+/* The rails a connection runs over: rail 0's request offers the connector's
+ * count, and the smaller of the two ends' counts holds (the answer says it,
+ * so ranks whose devices differ, FABRIC_NIC_RAILS or NCCL's fused NICs, run
+ * over the rails both have); the other rails' requests name that count. 0:
+ * a request this listen comm cannot take. */
+static int rails_agreed(const fab_listener* l, const fab_wire_connect* req) {
+  if (req->rail != l->rail) return 0;
+  if (l->rail == 0) return req->rails < l->rails ? req->rails : l->rails;
+  return req->rails <= l->rails && req->rail < req->rails ? req->rails : 0;
+}
+
 /* Creates the recv comm for a queued request; NULL after refusing it. */
 static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
   fab_endpoint* ep = l->ep;
@@ -111,10 +122,11 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
     fab_conn_refuse(ep, req, FAB_ACCEPT_TRANSPORT, 0);
     return NULL;
   }
-  if (req->rails != l->rails || req->rail != l->rail) {
-    FAB_WARN("accept on %s: refused a connection over %u rails (rail %u): this rank's device has %d; fuse the same "
-             "number of NICs into the device on every rank (NCCL_NET_MERGE_LEVEL, NCCL_NET_FORCE_MERGE)",
-             l->dev->name, req->rails, req->rail, l->rails);
+  int rails = rails_agreed(l, req);
+  if (!rails) {
+    FAB_WARN("accept on %s: refused a connection for rail %u of %u: this listen comm is rail %d of %d; a comm over "
+             "several rails connects rail 0 first and the others with the count rail 0 agreed",
+             l->dev->name, req->rail, req->rails, l->rail, l->rails);
     fab_conn_refuse(ep, req, FAB_ACCEPT_RAILS, l->rails);
     return NULL;
   }
@@ -123,7 +135,8 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
     fab_conn_refuse(ep, req, FAB_ACCEPT_BAD_ADDRESS, 0);
     return NULL;
   }
-  c->stripe_from = req->stripe_from;
+  c->rails = (uint8_t)rails;
+  c->stripe_from = rails > 1 ? req->stripe_from : 0;
   c->peer_in_process = fab_ep_addr_in_process(ep, req->addr, req->addr_len);
   int rc = fab_ep_av_insert(ep, req->addr, req->addr_len, &c->peer);
   if (rc == -FI_ECONNREFUSED || rc == -FI_EINVAL) {
@@ -154,9 +167,9 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
     tp.len = (uint8_t)len;
   }
   fab_op_init(&c->answer_op, answer_done, c, 0);
-  fab_wire_accept_encode(&c->answer, FAB_ACCEPT_OK, req->listen_id, req->connector_id, c->conn_id, &tp, l->rails,
+  fab_wire_accept_encode(&c->answer, FAB_ACCEPT_OK, req->listen_id, req->connector_id, c->conn_id, &tp, rails,
                          l->rail);
-  if (l->rail_handles) {
+  if (l->rail_handles && rails > 1) {
     c->answer_rails = malloc(fab_wire_accept_len(&c->answer));
     if (!c->answer_rails) {
       FAB_WARN("accept on %s: out of memory", l->dev->name);
@@ -165,7 +178,7 @@ static fab_comm* accept_start(fab_listener* l, const fab_wire_connect* req) {
       return NULL;
     }
     memcpy(c->answer_rails, &c->answer, sizeof(c->answer));
-    memcpy(c->answer_rails + sizeof(c->answer), l->rail_handles, (size_t)(l->rails - 1) * FAB_HANDLE_SIZE);
+    memcpy(c->answer_rails + sizeof(c->answer), l->rail_handles, (size_t)(rails - 1) * FAB_HANDLE_SIZE);
   }
   l->accepting_connector = req->connector_id;
   return c;

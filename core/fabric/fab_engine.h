@@ -348,8 +348,10 @@ struct fab_comm {
   uint8_t helped; /* its endpoint has a polling thread (FABRIC_RAIL_THREADS) and it has no home endpoint to drive:
                    * tests of its requests leave the CQ to that thread (fab_comm_test_polls, fab_req_test_helped) */
   _Atomic uint8_t tests_unpolled; /* helped: tests since one last read the CQ itself */
+  uint8_t rails; /* rails its connection runs over, as the handshake agreed: rail 0's ends take the smaller of their
+                  * counts, the other rails are told it; 1 for a connection of one rail */
   uint32_t stripe_from; /* rail of a comm over several: its sender's FABRIC_STRIPE_THRESHOLD (0: never splits);
-                         * these three fill what was padding before mr_last_handle: the hot fields keep their lines */
+                         * these four fill what was padding before mr_last_handle: the hot fields keep their lines */
   /* the memory handle resolved last (owner thread only), valid while
    * fab_mr_generation has not moved: NCCL sends and receives a connection's
    * steps out of one registered buffer, so this skips the handle lookup */

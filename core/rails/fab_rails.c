@@ -133,6 +133,18 @@ static fab_result rails_listen(fab_ctx* ctx, fab_device* d, void* handle, void**
   return FAB_OK;
 }
 
+/* How many of this device's n rails the connection whose rail 0 is
+ * `handle` runs over: the smaller of both ends' counts, agreed at rail 0's
+ * handshake (fab_listen.c). One INFO line when the peer has fewer. */
+static int agreed_rails(void* handle, fab_obj_kind kind, int n, const fab_device* d) {
+  fab_comm* c = fab_obj_get(handle, kind);
+  int m = c && c->rails >= 1 && c->rails <= n ? c->rails : n;
+  if (m < n)
+    FAB_INFO(FAB_SUBSYS_NET, "%s %s: the peer's device has fewer rails, so this connection runs over %d of %s's %d",
+             kind == FAB_OBJ_SEND ? "connect to" : "accept from", c ? c->peer_name : "?", m, d->name, n);
+  return m;
+}
+
 /* Rail by rail; rail 0's listen comm closes once rail 0 is accepted, so that
  * nobody else can get the other rails' handles. */
 static fab_result rails_accept(fab_rails_listen* l, void** recv_comm) {
@@ -141,7 +153,8 @@ static fab_result rails_accept(fab_rails_listen* l, void** recv_comm) {
              "once per listen", l->dev->name);
     return FAB_ERR_INVALID_USAGE;
   }
-  while (l->naccepted < l->n) {
+  if (l->naccepted == 0) l->use = l->n;
+  while (l->naccepted < l->use) {
     int k = l->naccepted;
     void* r = NULL;
     fab_result rc = fab_conn_accept(l->listen[k], &r);
@@ -152,10 +165,15 @@ static fab_result rails_accept(fab_rails_listen* l, void** recv_comm) {
     }
     if (!r) return FAB_OK;
     l->accepted[l->naccepted++] = r;
-    if (k == 0) close_members(&l->listen[0], 1, FAB_OBJ_LISTEN);
+    if (k == 0) {
+      close_members(&l->listen[0], 1, FAB_OBJ_LISTEN);
+      l->use = agreed_rails(r, FAB_OBJ_RECV, l->n, l->dev);
+    }
   }
-  fab_result rc = comm_make(l->dev, FAB_OBJ_RECV, l->accepted, l->n, recv_comm);
-  if (rc != FAB_OK) close_members(l->accepted, l->n, FAB_OBJ_RECV);
+  fab_result rc = FAB_OK;
+  if (l->use == 1) *recv_comm = l->accepted[0]; /* the peer has one rail: a comm of one */
+  else rc = comm_make(l->dev, FAB_OBJ_RECV, l->accepted, l->use, recv_comm);
+  if (rc != FAB_OK) close_members(l->accepted, l->use, FAB_OBJ_RECV);
   l->naccepted = 0;
   l->done = 1;
   return rc;
@@ -259,15 +277,19 @@ static fab_result rails_connect(fab_ctx* ctx, fab_device* d, const fab_comm_conf
     return FAB_ERR_SYSTEM;
   }
   fab_result rc = FAB_OK;
-  while (rc == FAB_OK && p->nconnected < n) {
+  while (rc == FAB_OK && p->nconnected < p->n) {
     int k = p->nconnected;
     void* s = NULL;
-    rc = fab_conn_connect(ctx, d->members[k], config, k ? p->handles[k - 1] : handle, n, k, &s);
+    rc = fab_conn_connect(ctx, d->members[k], config, k ? p->handles[k - 1] : handle, p->n, k, &s);
     if (rc != FAB_OK || !s) break;
     p->sends[p->nconnected++] = s;
-    if (k == 0 && n > 1) rc = take_rail_handles(p);
+    if (k == 0) p->n = agreed_rails(s, FAB_OBJ_SEND, n, d);
+    if (k == 0 && p->n > 1) rc = take_rail_handles(p);
   }
-  if (rc == FAB_OK && p->nconnected == n) rc = comm_make(d, FAB_OBJ_SEND, p->sends, n, send_comm);
+  if (rc == FAB_OK && p->nconnected == p->n) {
+    if (p->n == 1) *send_comm = p->sends[0]; /* the peer has one rail: a comm of one */
+    else rc = comm_make(d, FAB_OBJ_SEND, p->sends, p->n, send_comm);
+  }
   if (rc != FAB_OK || *send_comm) pending_done(p, rc == FAB_OK);
   return rc;
 }

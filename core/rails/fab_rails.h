@@ -147,6 +147,7 @@ typedef struct fab_rails_listen {
   void* listen[FAB_MAX_RAILS];   /* the members' listen comms (rail 0's closes once accepted) */
   void* accepted[FAB_MAX_RAILS]; /* the rails accepted so far */
   int naccepted;
+  int use;  /* rails its connection runs over: n, or fewer once rail 0 agreed the peer's smaller count */
   int done; /* its connection is accepted */
 } fab_rails_listen;
 
