@@ -81,19 +81,24 @@ Test(discovery, max_p2p_param) {
   api->finalize(ctx);
 }
 
+/* Starts the engine and reads device 0's properties; the caller finalizes (p->name lives until then). */
+static fab_ctx* init_dev0_props(fab_properties* p) {
+  fab_ctx* ctx;
+  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
+  api->get_properties(0, p);
+  return ctx;
+}
+
 /* FABRIC_LINK_SPEED_MBPS replaces the speed a device reports (the provider's, the interface's on tcp, or 100 Gb/s
  * where neither has one). */
 Test(discovery, link_speed_param) {
   ut_use_provider("shm");
-  fab_ctx* ctx;
   fab_properties p;
-  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
-  api->get_properties(0, &p);
+  fab_ctx* ctx = init_dev0_props(&p);
   cr_assert_eq(p.speed_mbps, 100000, "shm has no link speed: 100 Gb/s is reported");
   api->finalize(ctx);
   setenv("FABRIC_LINK_SPEED_MBPS", "10000", 1);
-  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
-  api->get_properties(0, &p);
+  ctx = init_dev0_props(&p);
   unsetenv("FABRIC_LINK_SPEED_MBPS");
   cr_assert_eq(p.speed_mbps, 10000);
   api->finalize(ctx);
@@ -104,10 +109,8 @@ Test(discovery, link_speed_param) {
  * Simple). */
 Test(discovery, tcp_reports_the_interface_speed) {
   ut_use_provider("tcp");
-  fab_ctx* ctx;
   fab_properties p;
-  cr_assert_eq(api->init(&ctx, 1, NULL, ut_logger, NULL), FAB_OK);
-  api->get_properties(0, &p);
+  fab_ctx* ctx = init_dev0_props(&p);
   cr_assert_str_eq(p.name, "lo");
   cr_assert_eq(p.speed_mbps, 10000, "loopback has no speed: NCCL Socket's 10 Gb/s, not %d", p.speed_mbps);
   api->finalize(ctx);
