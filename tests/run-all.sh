@@ -69,11 +69,12 @@ stage "build under AddressSanitizer + UBSan" \
 # with eager writes on; of the one-sided suite, the oldest and newest RMA
 # tables and the 2-rank runs (the 4-rank ones are the same code, longer);
 # of the NIC-profile cases and rxm's larger eager size, all but the whole core suites, the 64 MiB
-# staged puts and the Neuron runs under the profiles:
+# staged puts and the Neuron runs under the profiles; of the suites over four rails, the close and failure
+# cases (sendrecv) and not the whole core suite (rdma):
 # the rest run in the normal build above (this keeps CI within
 # its time budget). CMake's regular expressions take at most 9 groups: the
 # exclusions added last name tests whole, without groups.
-asan_skip='functional\.(tcp|shm)\.(sendrecv|rdma)\.v(6|7|8|9|10|11)$|functional\.tcp\.sendrecv\.v12$|functional\.shm\.rdma\.v12$|functional\.[a-z]+\.sendrecv\.neuron[0-9]+$|functional\.(tcp|shm)\.rdma\.(neuron[45]|eager)$|functional\.rma\.[a-z]+\.(v1[45]\.n2|.*\.n4)$|functional\.[a-z]+\.(rdma|sendrecv)\.(efa|verbs|cxi|shm-gpu)$|functional\.tcp\.rdma\.rxm16$|functional\.[a-z]+\.rdma\.neuron[0-9]+\.[a-z-]+$|large_puts$|large_puts\.efa$'
+asan_skip='functional\.(tcp|shm)\.(sendrecv|rdma)\.v(6|7|8|9|10|11)$|functional\.tcp\.sendrecv\.v12$|functional\.shm\.rdma\.v12$|functional\.[a-z]+\.sendrecv\.neuron[0-9]+$|functional\.(tcp|shm)\.rdma\.(neuron[45]|eager)$|functional\.rma\.[a-z]+\.(v1[45]\.n2|.*\.n4)$|functional\.[a-z]+\.(rdma|sendrecv)\.(efa|verbs|cxi|shm-gpu)$|functional\.tcp\.rdma\.rxm16$|functional\.[a-z]+\.rdma\.neuron[0-9]+\.[a-z-]+$|large_puts$|large_puts\.efa$|functional\.tcp\.rdma\.nic_rails$'
 asan_tests() {
   built "$top/build-asan" || return 1
   # A regular expression CMake cannot take excludes nothing, silently: check that it excludes some.

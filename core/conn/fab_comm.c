@@ -227,16 +227,96 @@ uint32_t fab_conn_id_next(fab_endpoint* ep) {
 /* A send comm with its own endpoint: the endpoint goes with it, at once when
  * no send is in flight, else once the home endpoint's progress finds them
  * complete (progress_retiring). */
-static void wait_pending_requests(fab_endpoint* ep, fab_comm* c, const char* fn);
+/* --- close ---------------------------------------------------------------------- */
 
-static fab_result close_own_endpoint_comm(fab_comm* c, const char* fn) {
+/* A receive the provider matched already cannot be cancelled: it writes into
+ * the caller's buffer until its data is in; a send handed to the provider
+ * reads the caller's buffer until it is delivered. close waits for such
+ * operations while one of them completes every FAB_CLOSE_DRAIN_MS (at most
+ * the peer timeout), so that the caller may free its buffers once close
+ * returns: freed under a tcp send, the socket's read faults and takes the
+ * connection, and with it every other comm between the two processes, down.
+ * Operations the transport has not handed to the provider yet read nothing
+ * and are not waited for (its unposted op). The comms of one connection over
+ * several rails close together (fab_conn_close_group): one wait, one
+ * deadline, one WARN. */
+
+/* What close found still in the provider's hands, for its WARN. */
+enum { CLOSE_QUIET = 0, CLOSE_RECEIVING, CLOSE_SENDING, CLOSE_UNDELIVERED };
+
+/* Closing starts: no new operation, posted receives cancelled, c pinned (a
+ * completion that ends its last operation would free it). ep lock held. */
+static void close_begin_locked(fab_comm* c) {
+  c->closing = 1;
+  c->ops->cancel(c); /* posted receives, and a grouped receive's unposted part */
+  atomic_fetch_add_explicit(&c->inflight, 1, memory_order_acq_rel);
+}
+
+/* Unpins c; what it still has in flight. ep lock held. */
+static int close_end_wait_locked(fab_comm* c) {
+  atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
+  if (c->error != FAB_OK) return CLOSE_QUIET; /* its failure was said */
+  if (requests_posted(c)) return c->kind == FAB_OBJ_RECV ? CLOSE_RECEIVING : CLOSE_SENDING;
+  return undelivered(c) ? CLOSE_UNDELIVERED : CLOSE_QUIET;
+}
+
+static int close_waits_for(fab_comm* c) { return c->error == FAB_OK && (requests_posted(c) || undelivered(c)); }
+
+/* Waits for the in-flight operations of the pinned comms cs[0..n-1] (no lock
+ * held): FAB_CLOSE_DRAIN_MS without one completing, or the peer timeout in
+ * all (on a loaded host 8 matched 16 MiB receives took more than 1 s to land
+ * while every one of them was moving: functional.*.close_then_free). */
+static void close_wait(fab_comm* const* cs, int n) {
+  int64_t now = fab_now_ms(), until = now + FAB_CLOSE_DRAIN_MS;
+  int64_t cap = now + (fab_g.params.peer_timeout_ms > FAB_CLOSE_DRAIN_MS ? fab_g.params.peer_timeout_ms : FAB_CLOSE_DRAIN_MS);
+  uint64_t seen = 0;
+  for (int i = 0; i < n; i++) seen += atomic_load_explicit(&cs[i]->ncompl, memory_order_relaxed);
+  for (;;) {
+    int waiting = 0;
+    uint64_t landed = 0;
+    for (int i = 0; i < n; i++) {
+      fab_comm* c = cs[i];
+      pthread_mutex_lock(&c->ep->lock);
+      if (close_waits_for(c) && fab_ep_progress_locked(c->ep) == FAB_OK) waiting |= close_waits_for(c);
+      pthread_mutex_unlock(&c->ep->lock);
+      landed += atomic_load_explicit(&c->ncompl, memory_order_relaxed);
+    }
+    if (!waiting || (now = fab_now_ms()) >= until) return;
+    if (landed != seen) { /* one landed: the rest are moving */
+      seen = landed;
+      until = now + FAB_CLOSE_DRAIN_MS < cap ? now + FAB_CLOSE_DRAIN_MS : cap;
+    }
+    for (int i = 0; i < n; i++)
+      if (cs[i]->home) fab_comm_drive_device(cs[i]); /* an own endpoint's announcements and credits arrive on its home */
+    sched_yield();
+  }
+}
+
+/* One WARN for what close left in flight: the first comm's account, and how
+ * many more rails of the connection were in the same state. */
+static void close_warn(const char* fn, int what, const char* peer, int more) {
+  char others[64] = "";
+  if (more) snprintf(others, sizeof(others), " (and on %d more rail%s of this connection)", more, more == 1 ? "" : "s");
+  if (what == CLOSE_RECEIVING)
+    FAB_WARN("%s: receives from %s the provider had matched were still taking data after close%s, none of them "
+             "completing for %d ms; it may still write into their buffers, so keep them until finalize", fn, peer,
+             others, FAB_CLOSE_DRAIN_MS);
+  else if (what == CLOSE_SENDING)
+    FAB_WARN("%s: sends to %s the provider had taken were still pending after close%s, none of them completing for "
+             "%d ms (their receives were not posted, or the peer stopped progressing); it may still read their "
+             "buffers, so keep them until finalize", fn, peer, others, FAB_CLOSE_DRAIN_MS);
+  else if (what == CLOSE_UNDELIVERED)
+    FAB_WARN("%s: the last messages sent to %s were not known to have left %d ms after close%s (the peer had not "
+             "confirmed a large one: its receive was not posted, or it stopped progressing; or the probe that follows "
+             "small ones did not complete); closing the endpoint before they arrive may lose them", fn, peer,
+             FAB_CLOSE_DRAIN_MS, others);
+}
+
+/* The rest of a close on an endpoint of the comm's own (local-only
+ * providers), once its operations were waited for. */
+static void close_own_endpoint_rest(fab_comm* c) {
   fab_endpoint* own = c->ep;
   fab_endpoint* home = c->home;
-  pthread_mutex_lock(&own->lock); /* sends the provider took are waited for (see wait_pending_requests) */
-  c->closing = 1;
-  c->ops->cancel(c);
-  if (c->error == FAB_OK) wait_pending_requests(own, c, fn);
-  pthread_mutex_unlock(&own->lock);
   pthread_mutex_lock(&home->lock);
   pthread_mutex_lock(&own->lock);
   fab_list_del(&c->park.node);
@@ -257,80 +337,94 @@ static fab_result close_own_endpoint_comm(fab_comm* c, const char* fn) {
   }
   pthread_mutex_unlock(&home->lock);
   if (idle) fab_endpoint_destroy(own);
-  return FAB_OK;
 }
 
-/* A receive the provider matched already cannot be cancelled: it writes into
- * the caller's buffer until its data is in; a send handed to the provider
- * reads the caller's buffer until it is delivered. close waits for such
- * operations while one of them completes every FAB_CLOSE_DRAIN_MS (at most
- * the peer timeout), so that the caller may free its buffers once close
- * returns: freed under a tcp send, the socket's read faults and takes the
- * connection, and with it every other comm between the two processes, down.
- * Operations the transport has not handed to the provider yet read nothing
- * and are not waited for (its unposted op). ep lock held (let go between
- * polls). */
-static void wait_pending_requests(fab_endpoint* ep, fab_comm* c, const char* fn) {
-  /* pinned: a completion that ends the last operation of a closing comm
-   * frees it (fab_comm_op_done) */
-  atomic_fetch_add_explicit(&c->inflight, 1, memory_order_acq_rel);
-  /* FAB_CLOSE_DRAIN_MS without a receive completing, or the peer timeout in
-   * all: on a loaded host 8 matched 16 MiB receives took more than 1 s to land
-   * while every one of them was moving (functional.*.close_then_free) */
-  int64_t now = fab_now_ms(), until = now + FAB_CLOSE_DRAIN_MS;
-  int64_t cap = now + (fab_g.params.peer_timeout_ms > FAB_CLOSE_DRAIN_MS ? fab_g.params.peer_timeout_ms : FAB_CLOSE_DRAIN_MS);
-  uint64_t seen = atomic_load_explicit(&c->ncompl, memory_order_relaxed);
-  while ((requests_posted(c) || undelivered(c)) && (now = fab_now_ms()) < until) {
-    if (fab_ep_progress_locked(ep) != FAB_OK) break;
-    uint64_t n = atomic_load_explicit(&c->ncompl, memory_order_relaxed);
-    if (n != seen) { /* one landed: the rest are moving */
-      seen = n;
-      until = now + FAB_CLOSE_DRAIN_MS < cap ? now + FAB_CLOSE_DRAIN_MS : cap;
-    }
-    pthread_mutex_unlock(&ep->lock);
-    if (c->home) fab_comm_drive_device(c); /* an own endpoint's announcements and credits arrive on its home */
-    sched_yield();
-    pthread_mutex_lock(&ep->lock);
-  }
-  atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
-  if (requests_posted(c) && c->error == FAB_OK && c->kind == FAB_OBJ_RECV)
-    FAB_WARN("%s: receives from %s the provider had matched were still taking data after close, none of them "
-             "completing for %d ms; it may still write into their buffers, so keep them until finalize", fn,
-             c->peer_name, FAB_CLOSE_DRAIN_MS);
-  else if (requests_posted(c) && c->error == FAB_OK)
-    FAB_WARN("%s: sends to %s the provider had taken were still pending after close, none of them completing for "
-             "%d ms (their receives were not posted, or the peer stopped progressing); it may still read their "
-             "buffers, so keep them until finalize", fn, c->peer_name, FAB_CLOSE_DRAIN_MS);
-  else if (undelivered(c) && c->error == FAB_OK)
-    FAB_WARN("%s: the last messages sent to %s were not known to have left %d ms after close (the peer had not "
-             "confirmed a large one: its receive was not posted, or it stopped progressing; or the probe that follows "
-             "small ones did not complete); closing the endpoint before they arrive may lose them", fn,
-             c->peer_name, FAB_CLOSE_DRAIN_MS);
-}
-
-static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
+/* The comm of handle, out of the table; NULL with one WARN when it is none. */
+static fab_comm* close_take(void* handle, fab_obj_kind kind, const char* fn) {
   fab_comm* c = fab_obj_remove(handle, kind);
   if (!c) {
     fab_obj_kind k = fab_obj_kind_of(handle);
     FAB_WARN("%s: %p is %s%s, not a live %s", fn, handle, k ? "a " : "", k ? fab_obj_kind_name(k) : "unknown or "
              "already closed", fab_obj_kind_name(kind));
-    return FAB_ERR_INTERNAL;
   }
-  fab_endpoint* ep = c->ep;
-  if (c->home) return close_own_endpoint_comm(c, fn);
-  pthread_mutex_lock(&ep->lock);
-  fab_list_del(&c->park.node);
-  c->closing = 1;
-  c->ops->cancel(c); /* posted receives, and a grouped receive's unposted part */
-  if (c->error == FAB_OK) wait_pending_requests(ep, c, fn);
-  if (!fab_comm_busy(c)) {
-    fab_comm_free(c);
-  } else {
-    fab_comm_park_closed(ep, c);
-    fab_ep_progress_locked(ep); /* reads the cancellations; may free c */
+  return c;
+}
+
+/* A connection over several rails whose rail failed has failed: its other
+ * rails' operations are not waited for either (a dead peer would otherwise
+ * cost each of them the drain time). */
+static void close_fail_together(fab_comm* const* cs, int n) {
+  const fab_comm* failed = NULL;
+  for (int i = 0; i < n && !failed; i++)
+    if (cs[i]->error != FAB_OK) failed = cs[i];
+  if (!failed) return;
+  char why[sizeof(failed->error_why) + 48]; /* fab_comm_fail keeps what fits */
+  snprintf(why, sizeof(why), "rail %d of this connection failed: %s", failed->rail, failed->error_why);
+  for (int i = 0; i < n; i++) {
+    if (cs[i] == failed) continue;
+    pthread_mutex_lock(&cs[i]->ep->lock);
+    fab_comm_fail(cs[i], failed->error, why);
+    pthread_mutex_unlock(&cs[i]->ep->lock);
   }
-  pthread_mutex_unlock(&ep->lock);
-  return FAB_OK;
+}
+
+/* Closes the comms handles[0..n-1] of kind together (a connection's rails;
+ * n is 1 for a plain close): FAB_ERR_INTERNAL when one was not a live comm
+ * (the others still close). */
+static fab_result close_comms(void* const* handles, int n, fab_obj_kind kind, const char* fn) {
+  fab_comm* cs[FAB_MAX_RAILS];
+  int m = 0;
+  fab_result rc = FAB_OK;
+  for (int i = 0; i < n && i < FAB_MAX_RAILS; i++) {
+    fab_comm* c = close_take(handles[i], kind, fn);
+    if (!c) {
+      rc = FAB_ERR_INTERNAL;
+      continue;
+    }
+    pthread_mutex_lock(&c->ep->lock);
+    if (!c->home) fab_list_del(&c->park.node); /* an own endpoint's comm stays listed until the rest */
+    close_begin_locked(c);
+    pthread_mutex_unlock(&c->ep->lock);
+    cs[m++] = c;
+  }
+  close_fail_together(cs, m);
+  close_wait(cs, m);
+  int first = CLOSE_QUIET, more = 0;
+  char peer[sizeof(cs[0]->peer_name)] = "";
+  for (int i = 0; i < m; i++) {
+    fab_comm* c = cs[i];
+    fab_endpoint* ep = c->ep;
+    pthread_mutex_lock(&ep->lock);
+    int what = close_end_wait_locked(c);
+    if (what != CLOSE_QUIET && first == CLOSE_QUIET) {
+      first = what;
+      snprintf(peer, sizeof(peer), "%s", c->peer_name);
+    } else if (what != CLOSE_QUIET) {
+      more++;
+    }
+    if (c->home) {
+      pthread_mutex_unlock(&ep->lock);
+      close_own_endpoint_rest(c);
+      continue;
+    }
+    if (!fab_comm_busy(c)) {
+      fab_comm_free(c);
+    } else {
+      fab_comm_park_closed(ep, c);
+      fab_ep_progress_locked(ep); /* reads the cancellations; may free c */
+    }
+    pthread_mutex_unlock(&ep->lock);
+  }
+  close_warn(fn, first, peer, more);
+  return rc;
+}
+
+static fab_result close_comm(void* handle, fab_obj_kind kind, const char* fn) {
+  return close_comms(&handle, 1, kind, fn);
+}
+
+fab_result fab_conn_close_group(void* const* handles, int n, fab_obj_kind kind) {
+  return close_comms(handles, n, kind, kind == FAB_OBJ_SEND ? "closeSend" : "closeRecv");
 }
 
 fab_result fab_conn_close_send(void* send_comm) { return close_comm(send_comm, FAB_OBJ_SEND, "closeSend"); }

@@ -178,6 +178,10 @@ fab_result fab_conn_connect(fab_ctx* ctx, int dev, const fab_comm_config* config
                             void** send_comm);
 fab_result fab_conn_close_send(void* send_comm);
 fab_result fab_conn_close_recv(void* recv_comm);
+/* Closes the n comms (FAB_OBJ_SEND or FAB_OBJ_RECV) of one connection over
+ * several rails together: their in-flight operations are waited for under
+ * one deadline, with one WARN for them all. */
+fab_result fab_conn_close_group(void* const* handles, int n, fab_obj_kind kind);
 fab_result fab_conn_close_listen(void* listen_comm);
 
 /* fab_listen.c: answers every connect request queued on ep's listeners now,

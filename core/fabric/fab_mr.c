@@ -333,7 +333,15 @@ static void wait_announced(fab_mr* m) {
   }
 }
 
-fab_result fab_mr_deregister(void* mhandle) {
+void fab_mr_warn_held(const void* mhandle, int held) {
+  FAB_WARN("deregMr: %p still backs %d operation%s (receives announced to a peer, or sends waiting for their "
+           "receive); the peer's writes into such receives are now refused, such sends are not written, and both "
+           "fail with an error; deregister after they complete, or close their comm first",
+           mhandle, held, held == 1 ? "" : "s");
+}
+
+fab_result fab_mr_deregister_held(void* mhandle, int* held_out) {
+  *held_out = 0;
   fab_mr* m = fab_obj_remove(mhandle, FAB_OBJ_MR);
   /* after the removal: a comm that read the old generation cached m before
    * it, and drops it at its next call */
@@ -355,13 +363,17 @@ fab_result fab_mr_deregister(void* mhandle) {
     atomic_store_explicit(&m->gone, 1, memory_order_release);
     /* again, after gone: a receive that saw the generation move also sees gone (rd_recv_check_gone) */
     atomic_fetch_add_explicit(&fab_mr_generation, 1, memory_order_acq_rel);
-    FAB_WARN("deregMr: %p still backs %d operation%s (receives announced to a peer, or sends waiting for their "
-             "receive); the peer's writes into such receives are now refused, such sends are not written, and both "
-             "fail with an error; deregister after they complete, or close their comm first",
-             mhandle, held, held == 1 ? "" : "s");
+    *held_out = held;
   }
   fab_mr_unhold(m);
   return FAB_OK;
+}
+
+fab_result fab_mr_deregister(void* mhandle) {
+  int held;
+  fab_result rc = fab_mr_deregister_held(mhandle, &held);
+  if (held > 0) fab_mr_warn_held(mhandle, held);
+  return rc;
 }
 
 fab_result fab_mr_resolve_fail(fab_comm* c, void* mhandle, const void* data, size_t size, const char* fn) {

@@ -83,6 +83,11 @@ fab_result fab_mr_register(fab_comm* c, void* data, size_t size, int type, uint6
 fab_result fab_mr_register_on(fab_device* named, fab_endpoint* ep, void* data, size_t size, int type, uint64_t offset,
                               int fd, void** mhandle, const char* fn);
 fab_result fab_mr_deregister(void* mhandle);
+/* The same without its WARN for a registration that still backs operations:
+ * *held says how many (0: none), and fab_mr_warn_held says it, once for a
+ * handle made of several (the rails floor's). */
+fab_result fab_mr_deregister_held(void* mhandle, int* held);
+void fab_mr_warn_held(const void* mhandle, int held);
 
 /* A posted receive announced to a peer, or a send waiting for its receive
  * (rdma transport), holds m (refs) so that it stays valid for their

@@ -38,21 +38,27 @@ static fab_prof_slot* slots_of(fab_prof_comm* p, fab_comm* c, fab_req* r) {
   return &p->slots[(size_t)r->pool_index * FAB_MAX_RECVS];
 }
 
-static void describe(fab_comm* c, fab_req* r, int sub, uint64_t size, int tag, fab_prof_event_v1* e) {
+static void describe(fab_comm* c, fab_req* r, int i, int sub, int nsubs, uint64_t size, int tag,
+                     fab_prof_event_v1* e) {
   memset(e, 0, sizeof(*e));
   e->op = r->type == FAB_REQ_SEND ? FAB_PROF_OP_SEND : FAB_PROF_OP_RECV;
   e->transport = c->ops->id == FAB_TRANSPORT_RDMA ? FAB_PROF_TRANSPORT_RDMA : FAB_PROF_TRANSPORT_SENDRECV;
-  e->path = c->ops->prof_path ? c->ops->prof_path(r, sub) : FAB_PROF_PATH_MESSAGE;
+  e->path = c->ops->prof_path ? c->ops->prof_path(r, i) : FAB_PROF_PATH_MESSAGE;
   e->rail = c->rail;
   e->tag = tag;
   e->size = size;
   e->conn_id = c->conn_id;
   e->sub = (uint16_t)sub;
-  e->nsubs = r->n;
+  e->nsubs = (uint16_t)nsubs;
   e->peer = c->peer_name;
 }
 
 void fab_prof_posted(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags) {
+  fab_prof_posted_part(r, phandles, sizes, tags, NULL, r->n);
+}
+
+void fab_prof_posted_part(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags, const int* subs,
+                          int nsubs) {
   fab_profiler_fn fn = fab_prof_active();
   fab_comm* c = r->comm;
   fab_prof_comm* p = prof_comm(c);
@@ -60,7 +66,8 @@ void fab_prof_posted(fab_req* r, void* const* phandles, const size_t* sizes, con
   for (int i = 0; i < r->n; i++) {
     if (!phandles[i]) continue;
     fab_prof_event_v1 e;
-    describe(r->comm, r, i, sizes[i], tags[i], &e);
+    int sub = subs ? subs[i] : i;
+    describe(r->comm, r, i, sub, nsubs, sizes[i], tags[i], &e);
     void* eh = NULL;
     fn(&eh, FAB_PROF_START, phandles[i], FAB_PROF_PLUGIN_ID, &e);
     if (!eh) continue; /* no profiler, or it does not want net events */
@@ -72,6 +79,8 @@ void fab_prof_posted(fab_req* r, void* const* phandles, const size_t* sizes, con
     }
     s[i].eh = eh;
     s[i].tag = tags[i];
+    s[i].sub = (uint16_t)sub;
+    s[i].nsubs = (uint16_t)nsubs;
     r->prof = 1;
   }
   if (!p) return;
@@ -93,7 +102,7 @@ void fab_prof_done(fab_req* r) {
   for (int i = 0; i < r->n; i++) {
     if (!s[i].eh) continue;
     fab_prof_event_v1 e;
-    describe(c, r, i, sizes[i] > 0 ? (uint64_t)sizes[i] : 0, s[i].tag, &e);
+    describe(c, r, i, s[i].sub, s[i].nsubs, sizes[i] > 0 ? (uint64_t)sizes[i] : 0, s[i].tag, &e);
     e.result = (int32_t)r->result;
     fn(&s[i].eh, FAB_PROF_UPDATE_AND_STOP, NULL, FAB_PROF_PLUGIN_ID, &e);
     s[i].eh = NULL;

@@ -61,6 +61,7 @@ extern _Atomic(fab_profiler_fn) fab_prof_fn;
 typedef struct fab_prof_slot {
   void* eh;  /* NCCL's event handle; NULL: nobody wants it */
   int tag;
+  uint16_t sub, nsubs; /* the buffer's place in the runtime's grouped receive */
 } fab_prof_slot;
 
 /* A comm's profiler state: its FAB_EXT_PROF slot, made by its first post
@@ -81,6 +82,11 @@ typedef struct fab_req fab_req;
  * operations per comm. */
 enum { FAB_PROF_DECLINED_MAX = 16, FAB_PROF_SKIP = 1023 };
 void fab_prof_posted(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags);
+/* The same for r posting some buffers of a grouped receive of nsubs: its
+ * buffer j is the runtime's buffer subs[j] (the rails floor's share of a
+ * receive on one rail), which its events name. */
+void fab_prof_posted_part(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags, const int* subs,
+                          int nsubs);
 /* r is complete (or failed) and test reports it: the last update and stop
  * of each event started for it. Only for r->prof. */
 void fab_prof_done(fab_req* r);

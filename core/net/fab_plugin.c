@@ -21,6 +21,7 @@
 #include "fab_cuda.h"
 #include "fab_devcopy.h"
 #include "fab_engine.h"
+#include "fab_rails.h"
 #include "fab_transport.h"
 #include "fab_version.h" /* written by codegen/version.cmake into the build tree */
 
@@ -73,7 +74,7 @@ static fab_result engine_up(void) {
 /* Closes what the runtime left open in ctx; the shared endpoints stay. */
 static void ctx_destroy(fab_ctx* ctx) {
   fab_obj_remove(ctx->handle, FAB_OBJ_CTX); /* from here on its handle is refused */
-  int left = 0;
+  int left = fab_rails_close_owned(ctx); /* before their rails, which the loop below would close under them */
   for (int i = 0; i < FAB_MAX_DEVICES; i++) {
     fab_endpoint* ep = atomic_load(&fab_g.eps[i]);
     if (!ep) continue;

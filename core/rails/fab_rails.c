@@ -18,6 +18,24 @@
  * else 1. */
 static int rails_of(const fab_device* d) { return !d->physical && d->nmembers > 1 ? d->nmembers : 1; }
 
+/* Live listen comms and comms over several rails, so that finalize finds
+ * those of its context. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static fab_list live_listens = {&live_listens, &live_listens}; /* fab_rails_listen.node */
+static fab_list live_comms = {&live_comms, &live_comms};       /* fab_rails_comm.node */
+
+static void live_add(fab_list* list, fab_list* node) {
+  pthread_mutex_lock(&live_lock);
+  fab_list_push(list, node);
+  pthread_mutex_unlock(&live_lock);
+}
+
+static void live_del(fab_list* node) {
+  pthread_mutex_lock(&live_lock);
+  fab_list_del(node);
+  pthread_mutex_unlock(&live_lock);
+}
+
 static void close_members(void** handles, int n, fab_obj_kind kind) {
   for (int k = 0; k < n; k++) {
     if (!handles[k]) continue;
@@ -90,6 +108,7 @@ static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** hand
     rc->threads |= 1u << k;
     c->helped = !c->home; /* a comm with a home endpoint to drive as well keeps polling (sr.c) */
   }
+  rc->owner = rc->c[0]->owner;
   rc->handle = fab_obj_add(rc->kind, rc);
   if (!rc->handle) {
     release_threads(rc);
@@ -97,6 +116,7 @@ static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** hand
     free(rc);
     return FAB_ERR_SYSTEM;
   }
+  live_add(&live_comms, &rc->node);
   FAB_INFO(FAB_SUBSYS_NET, "%s %s on %s over %d rails, %d of them with a polling thread",
            member_kind == FAB_OBJ_SEND ? "connected to" : "accepted", rc->c[0]->peer_name, d->name, n,
            __builtin_popcount(rc->threads));
@@ -113,6 +133,7 @@ static fab_result rails_listen(fab_ctx* ctx, fab_device* d, void* handle, void**
     return FAB_ERR_SYSTEM;
   }
   l->magic = FAB_RAILS_MAGIC;
+  l->owner = ctx;
   l->dev = d;
   l->n = d->nmembers;
   uint8_t handles[FAB_MAX_RAILS][FAB_HANDLE_SIZE];
@@ -129,6 +150,7 @@ static fab_result rails_listen(fab_ctx* ctx, fab_device* d, void* handle, void**
     free(l);
     return rc;
   }
+  live_add(&live_listens, &l->node);
   *listen_comm = l->handle;
   return FAB_OK;
 }
@@ -148,10 +170,12 @@ static int agreed_rails(void* handle, fab_obj_kind kind, int n, const fab_device
 /* Rail by rail; rail 0's listen comm closes once rail 0 is accepted, so that
  * nobody else can get the other rails' handles. */
 static fab_result rails_accept(fab_rails_listen* l, void** recv_comm) {
-  if (l->done) {
-    FAB_WARN("accept: this listen comm of %s already accepted its connection; a comm over several rails is accepted "
-             "once per listen", l->dev->name);
-    return FAB_ERR_INVALID_USAGE;
+  if (l->done) { /* its one connection was accepted: nothing more comes, as on a listen comm nobody else connects to */
+    for (int k = 0; k < l->n; k++) {
+      fab_endpoint* ep = atomic_load_explicit(&fab_g.eps[l->dev->members[k]], memory_order_acquire);
+      if (ep) fab_ep_poll(ep);
+    }
+    return FAB_OK;
   }
   if (l->naccepted == 0) l->use = l->n;
   while (l->naccepted < l->use) {
@@ -330,6 +354,7 @@ fab_result fab_accept(void* listen_comm, void** recv_comm, void** dev_handle) {
 fab_result fab_close_listen(void* listen_comm) {
   fab_rails_listen* l = fab_obj_remove(listen_comm, FAB_OBJ_RAILS_LISTEN);
   if (!l) return fab_conn_close_listen(listen_comm);
+  live_del(&l->node);
   close_members(l->listen, l->n, FAB_OBJ_LISTEN);
   close_members(l->accepted, l->naccepted, FAB_OBJ_RECV);
   l->magic = 0;
@@ -340,13 +365,12 @@ fab_result fab_close_listen(void* listen_comm) {
 static fab_result close_rails(void* handle, fab_obj_kind kind) {
   fab_rails_comm* rc = fab_obj_remove(handle, kind);
   if (!rc) return FAB_ERR_INTERNAL;
-  fab_result result = FAB_OK;
+  live_del(&rc->node);
+  fab_result result;
   fab_rails_data_let_go(rc); /* while its rails' comms, which name the endpoints, still live */
   release_threads(rc);
-  for (int k = 0; k < rc->n; k++) {
-    fab_result r = kind == FAB_OBJ_RAILS_SEND ? fab_conn_close_send(rc->rail[k]) : fab_conn_close_recv(rc->rail[k]);
-    if (result == FAB_OK) result = r;
-  }
+  /* together: one wait for what is in flight on any rail, one WARN */
+  result = fab_conn_close_group(rc->rail, rc->n, kind == FAB_OBJ_RAILS_SEND ? FAB_OBJ_SEND : FAB_OBJ_RECV);
   fab_rails_data_free(rc); /* after its rails closed: their receives may use its stripe buffers */
   rc->magic = 0;
   free(rc);
@@ -361,4 +385,62 @@ fab_result fab_close_send(void* send_comm) {
 fab_result fab_close_recv(void* recv_comm) {
   if (fab_obj_kind_of(recv_comm) != FAB_OBJ_RAILS_RECV) return fab_conn_close_recv(recv_comm);
   return close_rails(recv_comm, FAB_OBJ_RAILS_RECV);
+}
+
+/* --- finalize ------------------------------------------------------------------------ */
+
+typedef struct owned_rails {
+  void* handle;
+  fab_obj_kind kind;
+} owned_rails;
+
+static int owned_push(owned_rails** out, int* n, int* cap, void* handle, fab_obj_kind kind) {
+  if (*n == *cap) {
+    int grown = *cap ? 2 * *cap : 16;
+    owned_rails* more = realloc(*out, (size_t)grown * sizeof(**out));
+    if (!more) return -1;
+    *out = more;
+    *cap = grown;
+  }
+  (*out)[(*n)++] = (owned_rails){handle, kind};
+  return 0;
+}
+
+/* The handles of ctx's live listen comms and comms over rails (live_lock
+ * held); -1: out of memory. */
+static int collect_owned(fab_ctx* ctx, owned_rails** out, int* n) {
+  int cap = 0;
+  FAB_LIST_FOREACH_SAFE(it, tmp, &live_listens) {
+    fab_rails_listen* l = FAB_CONTAINER_OF(it, fab_rails_listen, node);
+    if (l->owner == ctx && owned_push(out, n, &cap, l->handle, FAB_OBJ_RAILS_LISTEN) != 0) return -1;
+  }
+  FAB_LIST_FOREACH_SAFE(it, tmp, &live_comms) {
+    fab_rails_comm* rc = FAB_CONTAINER_OF(it, fab_rails_comm, node);
+    if (rc->owner == ctx && owned_push(out, n, &cap, rc->handle, rc->kind) != 0) return -1;
+  }
+  return 0;
+}
+
+int fab_rails_close_owned(fab_ctx* ctx) {
+  owned_rails* list = NULL;
+  int n = 0;
+  pthread_mutex_lock(&live_lock);
+  int rc = collect_owned(ctx, &list, &n);
+  pthread_mutex_unlock(&live_lock);
+  if (rc != 0) FAB_WARN("finalize: out of memory listing open comms over rails; their rails close alone");
+  for (int i = 0; i < n; i++) {
+    if (list[i].kind == FAB_OBJ_RAILS_LISTEN) fab_close_listen(list[i].handle);
+    else close_rails(list[i].handle, list[i].kind);
+  }
+  free(list);
+  /* connects in progress: their rails already connected close with the context's comms */
+  pthread_mutex_lock(&pending_lock);
+  for (rails_pending *p = pending_list, *next; p; p = next) {
+    next = p->next;
+    if (p->ctx != ctx) continue;
+    pending_unlink(p);
+    free(p);
+  }
+  pthread_mutex_unlock(&pending_lock);
+  return n;
 }

@@ -39,6 +39,10 @@ fab_result fab_rails_iflush(void* recv_comm, int n, void** data, const int* size
 fab_result fab_rails_reg_mr(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle,
                             const char* fn);
 fab_result fab_rails_dereg_mr(void* mhandle);
+/* finalize of ctx: closes the listen comms and comms over several rails it
+ * left open (before their members, which the connection floor closes), and
+ * drops its connects in progress. Returns how many. */
+int fab_rails_close_owned(fab_ctx* ctx);
 
 /* --- internals of fab_rails.c and fab_rails_data.c ------------------------ */
 #include "fab_engine.h"
@@ -142,6 +146,8 @@ typedef struct fab_stripes {
 typedef struct fab_rails_listen {
   uint32_t magic;
   void* handle;
+  fab_ctx* owner; /* finalize closes it (fab_rails_close_owned) */
+  fab_list node;  /* on fab_rails.c's list of live comms over rails */
   fab_device* dev;
   int n;
   void* listen[FAB_MAX_RAILS];   /* the members' listen comms (rail 0's closes once accepted) */
@@ -188,6 +194,8 @@ struct fab_rails_comm {
   uint32_t magic;
   void* handle;
   fab_obj_kind kind; /* FAB_OBJ_RAILS_SEND / RECV */
+  fab_ctx* owner;    /* its members' context: finalize closes it (fab_rails_close_owned) */
+  fab_list node;     /* on fab_rails.c's list of live comms over rails */
   fab_device* dev;
   int n;
   void* rail[FAB_MAX_RAILS];     /* the members' comm handles */

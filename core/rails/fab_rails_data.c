@@ -148,7 +148,8 @@ static int child_post(fab_rails_parent* p, int k, fab_result* res) {
     return *res == FAB_OK ? 0 : -1;
   }
   ch->posted = 1;
-  if (profiled && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) fab_prof_posted(ch->req, phandles, len, tags);
+  if (profiled && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF)))
+    fab_prof_posted_part(ch->req, phandles, len, tags, ch->idx, p->n); /* events name the runtime's buffers */
   return 1;
 }
 
@@ -450,10 +451,14 @@ fab_result fab_rails_dereg_mr(void* mhandle) {
   fab_rails_mr* m = fab_obj_remove(mhandle, FAB_OBJ_RAILS_MR);
   if (!m) return fab_mr_deregister(mhandle);
   fab_result res = FAB_OK;
+  int held = 0; /* operations its rails' registrations still back: one WARN for them all */
   for (int k = 0; k < m->n; k++) {
-    fab_result r = fab_mr_deregister(m->mh[k]);
+    int h;
+    fab_result r = fab_mr_deregister_held(m->mh[k], &h);
+    held += h;
     if (res == FAB_OK) res = r;
   }
+  if (held > 0) fab_mr_warn_held(mhandle, held);
   m->magic = 0;
   free(m);
   return res;
