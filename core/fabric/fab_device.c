@@ -381,7 +381,7 @@ static fab_device* fused_device(const int* members, int n, int one_nic);
  * the NIC's N copies (the NIC's name, PCI path and speed); else every
  * device. */
 static void make_view(int nics) {
-  int rails = fab_g.params.nic_rails;
+  int rails = fab_g.nic_rails;
   atomic_store(&fab_g.nview, 0);
   for (int i = 0; i < nics; i++) {
     int idx = i;
@@ -399,7 +399,7 @@ static void make_view(int nics) {
   }
   if (rails > 1)
     FAB_INFO(FAB_SUBSYS_INIT | FAB_SUBSYS_NET, "FABRIC_NIC_RAILS=%d: the runtime sees %d device(s), each %d rails "
-             "over one NIC", rails, atomic_load(&fab_g.nview), rails);
+             "over one NIC", fab_g.params.nic_rails, atomic_load(&fab_g.nview), rails);
 }
 
 fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncands) {
@@ -457,8 +457,10 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
   if (fab_g.params.nic_rails > 1 && fab_g.params.rails > 1)
     FAB_WARN("FABRIC_NIC_RAILS=%d and FABRIC_RAILS=%d: they do not combine; using FABRIC_NIC_RAILS",
              fab_g.params.nic_rails, fab_g.params.rails);
-  add_rail_copies(t, fab_g.params.nic_rails > 1 ? fab_g.params.nic_rails : fab_g.params.rails);
-  make_view(fab_g.params.nic_rails > 1 ? nics : fab_g.nphys);
+  fab_g.nic_rails = fab_g.params.nic_rails ? fab_g.params.nic_rails : fab_nic_rails_choose(nics);
+  fab_g.nic_rails_auto = !fab_g.params.nic_rails && fab_g.nic_rails > 1;
+  add_rail_copies(t, fab_g.nic_rails > 1 ? fab_g.nic_rails : fab_g.params.rails);
+  make_view(fab_g.nic_rails > 1 ? nics : fab_g.nphys);
   const char* unfit = fab_g.nphys == 0 ? unfit_reason(list, prov, t) : NULL;
   if (fab_g.nphys == 0)
     FAB_WARN("provider %s offers no domain that can run transport %s (%s); choose another FABRIC_TRANSPORT or "

@@ -413,6 +413,8 @@ typedef struct fab_engine {
    * else every device, in order); makeVDevice appends */
   int view[FAB_MAX_DEVICES];
   _Atomic int nview;
+  int nic_rails;      /* rails per NIC: FABRIC_NIC_RAILS, or the count its 0 chose (fab_nic_rails.c) */
+  int nic_rails_auto; /* FABRIC_NIC_RAILS=0 chose several: their comms get polling threads */
   fab_list ctxs;
   /* one endpoint per physical device, shared by every context, created on
    * first use and closed when the engine goes down */
@@ -473,6 +475,23 @@ int fab_iface_listed(const struct fi_info* fi);
  * NICs), as Socket reports there; 0 for other providers. */
 enum { FAB_IFACE_UNKNOWN_SPEED_MBPS = 10000 };
 int fab_iface_speed_mbps(const struct fi_info* fi);
+/* The same where the interface says it; 0 where it does not (or fi is not a
+ * socket provider's). */
+int fab_iface_known_speed_mbps(const struct fi_info* fi);
+/* Whether fi is a socket provider's (tcp, sockets): its copies run on the
+ * host's CPUs, one connection on one core at a time. */
+int fab_iface_socket_provider(const struct fi_info* fi);
+
+/* fab_nic_rails.c: FABRIC_NIC_RAILS=0 (the default), rails per NIC chosen by the plugin. The rule:
+ * a socket provider, an interface not known to be slower than
+ * FAB_NIC_RAILS_FAST_MBPS, and at least 2 * (rails + 1) CPUs for
+ * FAB_NIC_RAILS_AUTO_MAX rails, then half as many, with at most
+ * FAB_MAX_VDEV_DEVS over all nics; else 1. why says which. */
+enum { FAB_NIC_RAILS_AUTO_MAX = 4, FAB_NIC_RAILS_FAST_MBPS = 40000 };
+int fab_nic_rails_rule(int socket_provider, int cpus, const int* known_mbps, int nics, char* why, size_t why_len);
+/* The count for the first nics devices found (fab_g.devs), with one INFO
+ * line saying why. */
+int fab_nic_rails_choose(int nics);
 /* The positive number of Mb/s in a sysfs speed file; 0 for none. */
 int fab_iface_read_speed(const char* path);
 

@@ -20,7 +20,7 @@
 
 #include "fab_engine.h"
 
-static int socket_provider(const struct fi_info* fi) {
+int fab_iface_socket_provider(const struct fi_info* fi) {
   const char* p = fi->fabric_attr->prov_name;
   return p && (!strncmp(p, "tcp", 3) || !strncmp(p, "sockets", 7));
 }
@@ -39,7 +39,7 @@ static int listed(const char* name, const char* list) {
 
 int fab_iface_listed(const struct fi_info* fi) {
   const char* dom = fi->domain_attr->name;
-  return socket_provider(fi) && dom && !getenv("FI_TCP_IFACE") && listed(dom, fab_g.params.exclude_if);
+  return fab_iface_socket_provider(fi) && dom && !getenv("FI_TCP_IFACE") && listed(dom, fab_g.params.exclude_if);
 }
 
 int fab_iface_read_speed(const char* path) {
@@ -51,13 +51,16 @@ int fab_iface_read_speed(const char* path) {
   return ok && mbps > 0 && mbps <= INT_MAX ? (int)mbps : 0;
 }
 
-int fab_iface_speed_mbps(const struct fi_info* fi) {
+int fab_iface_known_speed_mbps(const struct fi_info* fi) {
   const char* dom = fi->domain_attr->name;
-  if (!socket_provider(fi)) return 0;
-  if (!dom || !*dom || strchr(dom, '/') || strstr(dom, "..")) return FAB_IFACE_UNKNOWN_SPEED_MBPS;
+  if (!fab_iface_socket_provider(fi) || !dom || !*dom || strchr(dom, '/') || strstr(dom, "..")) return 0;
   char path[96 + sizeof("/sys/class/net//speed")];
-  if ((size_t)snprintf(path, sizeof(path), "/sys/class/net/%s/speed", dom) >= sizeof(path))
-    return FAB_IFACE_UNKNOWN_SPEED_MBPS;
-  int mbps = fab_iface_read_speed(path);
+  if ((size_t)snprintf(path, sizeof(path), "/sys/class/net/%s/speed", dom) >= sizeof(path)) return 0;
+  return fab_iface_read_speed(path);
+}
+
+int fab_iface_speed_mbps(const struct fi_info* fi) {
+  if (!fab_iface_socket_provider(fi)) return 0;
+  int mbps = fab_iface_known_speed_mbps(fi);
   return mbps ? mbps : FAB_IFACE_UNKNOWN_SPEED_MBPS;
 }

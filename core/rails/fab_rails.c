@@ -56,6 +56,10 @@ static int rail_threads_fit(int n) {
   if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1; /* unknown: as asked */
   int cpus = CPU_COUNT(&set);
   if (cpus > n) return 1;
+  if (fab_g.params.rail_threads < 0) { /* not asked for: rails FABRIC_NIC_RAILS=0 chose, fused beyond the CPUs */
+    FAB_INFO(FAB_SUBSYS_NET, "%d rails and %d CPUs: the rails run without polling threads", n, cpus);
+    return 0;
+  }
   static atomic_flag warned = ATOMIC_FLAG_INIT;
   if (!atomic_flag_test_and_set(&warned))
     FAB_WARN("FABRIC_RAIL_THREADS=1: this process may run on %d CPU%s (its affinity), too few for %d rail threads "
@@ -97,7 +101,8 @@ static fab_result comm_make(fab_device* d, fab_obj_kind member_kind, void** hand
              rc->c[k]->ep->dev->name);
   }
   rc->stripe_from = rc->c[0]->stripe_from; /* the sender's, from rail 0's handshake */
-  int want = fab_g.params.rail_threads == 2 || (fab_g.params.rail_threads == 1 && rail_threads_fit(n));
+  int asked = fab_g.params.rail_threads; /* -1: where FABRIC_NIC_RAILS=0 chose the rails */
+  int want = asked == 2 || ((asked == 1 || (asked < 0 && fab_g.nic_rails_auto)) && rail_threads_fit(n));
   for (int k = 0; k < n && want; k++) {
     fab_comm* c = rc->c[k];
     if (fab_ep_helper_acquire(c->ep) != 0) {

@@ -20,8 +20,8 @@ void fab_params_defaults(struct fab_params* params) {
   params->peer_timeout_ms = 30000;
   params->local_send_endpoints = 16;
   params->rails = 1;
-  params->nic_rails = 1;
-  params->rail_threads = 0;
+  params->nic_rails = 0;
+  params->rail_threads = -1;
   params->rail_small_max = 65536u;
   params->stripe_threshold = 4194304u;
   params->stripe_size = 131072u;
@@ -224,10 +224,10 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
   if ((s = getenv("FABRIC_NIC_RAILS")) != NULL) {
     long long v;
     if (parse_int(s, &v) != 0) {
-      complain(errbuf, errbuf_size, "FABRIC_NIC_RAILS=%s is not an integer; using 1", s);
+      complain(errbuf, errbuf_size, "FABRIC_NIC_RAILS=%s is not an integer; using 0", s);
       bad++;
-    } else if (v < 1 || v > 8) {
-      complain(errbuf, errbuf_size, "FABRIC_NIC_RAILS=%s is outside %d..%d; using 1", s, 1, 8);
+    } else if (v < 0 || v > 8) {
+      complain(errbuf, errbuf_size, "FABRIC_NIC_RAILS=%s is outside %d..%d; using 0", s, 0, 8);
       bad++;
     } else {
       params->nic_rails = (int)v;
@@ -237,10 +237,10 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
   if ((s = getenv("FABRIC_RAIL_THREADS")) != NULL) {
     long long v;
     if (parse_int(s, &v) != 0) {
-      complain(errbuf, errbuf_size, "FABRIC_RAIL_THREADS=%s is not an integer; using 0", s);
+      complain(errbuf, errbuf_size, "FABRIC_RAIL_THREADS=%s is not an integer; using -1", s);
       bad++;
-    } else if (v < 0 || v > 2) {
-      complain(errbuf, errbuf_size, "FABRIC_RAIL_THREADS=%s is outside %d..%d; using 0", s, 0, 2);
+    } else if (v < -1 || v > 2) {
+      complain(errbuf, errbuf_size, "FABRIC_RAIL_THREADS=%s is outside %d..%d; using -1", s, -1, 2);
       bad++;
     } else {
       params->rail_threads = (int)v;

@@ -1,8 +1,10 @@
 /* Device discovery and properties over real providers (tcp;ofi_rxm on lo,
  * shm), lifecycle (init/finalize reference counting), virtual devices. */
+#define _GNU_SOURCE /* sched_setaffinity */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +133,79 @@ Test(discovery, interface_speed_file) {
   unlink(path);
   cr_assert_eq(fab_iface_read_speed(path), 0, "no file");
   cr_assert_eq(fab_iface_read_speed("/sys/class/net/lo/speed"), 0, "loopback's file fails to read");
+}
+
+/* FABRIC_NIC_RAILS=0 (the default): rails per NIC from the provider, the interfaces' speeds (0: unknown) and the
+ * CPUs the process may run on, at most 8 over all NICs. */
+Test(discovery, nic_rails_rule) {
+  static const struct {
+    int socket, cpus, nics, mbps[5], rails;
+  } cases[] = {
+      {0, 64, 1, {0}, 1},                         /* a NIC that moves the data itself */
+      {1, 64, 1, {0}, 4},                         /* loopback, most virtual NICs: speed unknown */
+      {1, 10, 1, {100000}, 4},                    /* 10 CPUs: four threads and the runtime's, twice over */
+      {1, 9, 1, {0}, 2},                          /* */
+      {1, 6, 1, {0}, 2},                          /* */
+      {1, 5, 1, {0}, 1},                          /* */
+      {1, 1, 1, {0}, 1},                          /* mpirun's default binding of two ranks */
+      {1, 64, 1, {25000}, 1},                     /* one connection fills 25 Gb/s */
+      {1, 64, 1, {40000}, 4},                     /* */
+      {1, 64, 2, {25000, 10000}, 1},              /* every interface slow */
+      {1, 64, 2, {25000, 0}, 4},                  /* one may be fast */
+      {1, 64, 2, {100000, 100000}, 4},            /* 8 rails in all */
+      {1, 64, 3, {0, 0, 0}, 2},                   /* 12 would not fit one fused device */
+      {1, 64, 4, {0, 0, 0, 0}, 2},                /* */
+      {1, 64, 5, {0, 0, 0, 0, 0}, 1},             /* */
+  };
+  for (size_t i = 0; i < FAB_ARRAY_SIZE(cases); i++) {
+    char why[160] = "";
+    int got = fab_nic_rails_rule(cases[i].socket, cases[i].cpus, cases[i].mbps, cases[i].nics, why, sizeof(why));
+    cr_assert_eq(got, cases[i].rails, "case %zu: %d rails, expected %d (%s)", i, got, cases[i].rails, why);
+    cr_assert_neq(why[0], 0, "case %zu says why", i);
+  }
+}
+
+static void nic_rails_after_init(int* rails, int* chosen) {
+  fab_properties p;
+  fab_ctx* ctx = init_dev0_props(&p);
+  cr_assert_str_eq(p.name, "lo", "the runtime sees the NIC, whatever its rails");
+  cr_assert_eq(atomic_load(&fab_g.nview), 1);
+  *rails = fab_g.nic_rails;
+  *chosen = fab_g.nic_rails_auto;
+  api->finalize(ctx);
+}
+
+/* FABRIC_NIC_RAILS=0, the default, follows the rule with this process's CPUs; bound to one CPU it keeps one
+ * connection per NIC; another value is taken as it is, and its rails get threads only when FABRIC_RAIL_THREADS
+ * asks. */
+Test(discovery, nic_rails_default_follows_the_cpus) {
+  ut_use_provider("tcp");
+  cpu_set_t set;
+  cr_assert_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+  int cpus = CPU_COUNT(&set), expect = cpus >= 10 ? 4 : cpus >= 6 ? 2 : 1, rails, chosen;
+  for (int set0 = 0; set0 < 2; set0++) {
+    if (set0) setenv("FABRIC_NIC_RAILS", "0", 1);
+    else unsetenv("FABRIC_NIC_RAILS");
+    nic_rails_after_init(&rails, &chosen);
+    cr_assert_eq(rails, expect, "%s, %d CPUs: %d rails, expected %d", set0 ? "0" : "unset", cpus, rails, expect);
+    cr_assert_eq(chosen, expect > 1);
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; c++)
+    if (CPU_ISSET(c, &set)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  cr_assert_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+  nic_rails_after_init(&rails, &chosen);
+  cr_assert_eq(rails, 1, "bound to one CPU: %d rails", rails);
+  cr_assert_eq(chosen, 0);
+  setenv("FABRIC_NIC_RAILS", "2", 1);
+  nic_rails_after_init(&rails, &chosen);
+  unsetenv("FABRIC_NIC_RAILS");
+  cr_assert_eq(rails, 2);
+  cr_assert_eq(chosen, 0, "rails set by number are not the plugin's choice");
 }
 
 /* FABRIC_TAGGED_MAX, unset, is what the device's ofi_rxm sends as one
