@@ -303,10 +303,11 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   /* asked announcements: its tagged message now, in order; else its buffer
    * announced: straight into it; else eager when it fits a slot; else it
    * waits for the announcement. Over a rail with a polling thread, a large
-   * send is left to that thread, which then does the provider's copy: the
-   * caller's thread would else copy every rail's data alone. */
+   * send, or one of a stream, is left to that thread, which then does the
+   * provider's copy: the caller's thread would else copy every rail's data
+   * alone. */
   int went = 0;
-  int defer = c->helped && size > RD_HELPED_INLINE_MAX;
+  int defer = rd_send_defers(c, size);
   if (q->ts != RD_TS_NONE) {
     if (take(s, tag, q->k, &q->target)) { /* announced ahead: a mark takes the tagged receive, then the write */
       q->matched = 1;
@@ -326,7 +327,9 @@ fab_result rd_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr* mr, v
   if (!went) {
     s->wait[s->nwait++] = r;
     atomic_store_explicit(&s->nwait_hint, s->nwait, memory_order_relaxed);
-    if (c->helped) fab_ep_want_pump(ep);
+    /* the thread posts it: one left to it, or any while the thread reads
+     * the CQ (tests then rarely do); else the caller's tests do */
+    if (defer || (c->helped && !fab_ep_helper_small_only(ep))) fab_ep_want_pump(ep);
   }
   rd_eager_ack_if_due(c);
   pthread_mutex_unlock(&ep->lock);
