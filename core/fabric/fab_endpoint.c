@@ -423,12 +423,14 @@ static fab_result helper_poll(fab_endpoint* ep) {
   return poll_read(ep, e, n);
 }
 
-/* Runs the endpoint's pump hook: what comms left to this thread is posted. */
-static void helper_pump(fab_endpoint* ep) {
-  if (!ep->hooks || !ep->hooks->pump || !atomic_exchange_explicit(&ep->pump_wanted, 0, memory_order_acq_rel)) return;
+/* Runs the endpoint's pump hook: what comms left to this thread is posted.
+ * Returns whether it ran. */
+static int helper_pump(fab_endpoint* ep) {
+  if (!ep->hooks || !ep->hooks->pump || !atomic_exchange_explicit(&ep->pump_wanted, 0, memory_order_acq_rel)) return 0;
   pthread_mutex_lock(&ep->lock);
   ep->hooks->pump(ep);
   pthread_mutex_unlock(&ep->lock);
+  return 1;
 }
 
 static int futex_word(_Atomic int* w, int op, int val, const struct timespec* timeout) {
@@ -484,11 +486,13 @@ static void* helper_main(void* arg) {
   fab_endpoint* ep = arg;
   int64_t idle_since = 0;
   while (atomic_load_explicit(&ep->helper_run, memory_order_acquire)) {
+    int pumped = 0; /* posts left to it come in streams: it stays awake its idle time after one */
     for (int i = 0; i < FAB_HELPER_SPINS; i++) {
       if (helper_poll(ep) != FAB_OK) return NULL; /* the CQ failed: the comms' own calls report it */
-      if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire) == FAB_PUMP_NOW) helper_pump(ep);
+      if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire) == FAB_PUMP_NOW) pumped |= helper_pump(ep);
     }
-    if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire)) helper_pump(ep); /* retries too */
+    if (atomic_load_explicit(&ep->pump_wanted, memory_order_acquire)) pumped |= helper_pump(ep); /* retries too */
+    if (pumped) idle_since = 0;
     if (helper_idle_long(ep, &idle_since)) {
       helper_sleep(ep); /* a nap that ends with nothing live sleeps again after one round of polls */
       continue;

@@ -756,6 +756,76 @@ FT_PAIR_TEST(rails_threads_mid_send_inline, 120) {
   ft_side_close(&s);
 }
 
+/* A burst of mid-size sends from the parent to the child, all posted before
+ * any is waited for: a stream, so the rails' threads post all but the first
+ * on each rail. */
+static void mid_burst(ft_side* s, ft_conn* c, ft_mr* sm, ft_mr* rm, int burst) {
+  enum { N = 8, LEN = 32 << 10 };
+  int parent = ft_role() == FT_PARENT, got[N][FAB_MAX_RECVS];
+  void* reqs[N];
+  for (int i = 0; i < N; i++) {
+    char* sb = (char*)sm->buf + (size_t)i * LEN;
+    void* rb = (char*)rm->buf + (size_t)i * LEN;
+    size_t cap = LEN;
+    int tag = 500;
+    if (parent) ft_fill(sb, LEN, 800 + (uint64_t)burst * N + (uint64_t)i);
+    reqs[i] = parent ? post_send(s, c->send_comm, sb, LEN, tag, sm->mh)
+                     : post_recv(s, c->recv_comm, 1, &rb, &cap, &tag, &rm->mh);
+  }
+  ft_wait_all(s, reqs, N, &got[0][0], FAB_MAX_RECVS, T_MS, "a burst of 32 KiB messages over rails");
+  for (int i = 0; !parent && i < N; i++)
+    ft_verify_or_fail((char*)rm->buf + (size_t)i * LEN, LEN, 800 + (uint64_t)burst * N + (uint64_t)i,
+                      "a message of a 32 KiB burst");
+}
+
+/* A rail's thread that was woken to post a send stays awake for its idle
+ * time (10 ms) before it sleeps again: the sends of a stream left to it then
+ * cost one wake-up, not one each. Threads asleep as in a phase of small
+ * messages (an 8-byte receive live on each rail), then bursts of 32 KiB
+ * sends. */
+FT_PAIR_TEST(rails_threads_stream_stays_awake, 120) {
+  enum { BURSTS = 24 };
+  ft_side s;
+  ft_conn c;
+  if (!open_threaded_rails(&s, peer, &c)) return;
+  ft_mr sm, rm, lm[2];
+  ft_mr_alloc(&s, &sm, c.send_comm, 8 * (32 << 10));
+  ft_mr_alloc(&s, &rm, c.recv_comm, 8 * (32 << 10));
+  void* small[2];
+  for (int i = 0; i < 2; i++) {
+    ft_mr_alloc(&s, &lm[i], c.recv_comm, 64);
+    size_t cap = 8;
+    int tag = 400 + i;
+    small[i] = post_recv(&s, c.recv_comm, 1, &lm[i].buf, &cap, &tag, &lm[i].mh);
+  }
+  ft_sync(peer, "small posted", T_MS);
+  usleep(50 * 1000);
+  long sleeps0 = rail_threads_sleeps();
+  int64_t t0 = ft_now_ms();
+  for (int burst = 0; burst < BURSTS; burst++) mid_burst(&s, &c, &sm, &rm, burst);
+  int64_t ms = ft_now_ms() - t0;
+  long woke = rail_threads_sleeps() - sleeps0, awake_spans = 2 * (2 + ms / 10);
+  FT_CHECK(ft_role() == FT_CHILD || woke <= awake_spans, "the rail threads woke %ld times over %d bursts of eight "
+           "32 KiB sends in %lld ms (at most %ld if each stays awake 10 ms after a post left to it)", woke, BURSTS,
+           (long long)ms, awake_spans);
+  ft_sync(peer, "bursts moved", T_MS);
+  void* reqs[4] = {small[0], small[1], NULL, NULL};
+  for (int i = 0; i < 2; i++) {
+    ft_fill((char*)sm.buf + 64 * i, 8, 700 + (uint64_t)i);
+    reqs[2 + i] = post_send(&s, c.send_comm, (char*)sm.buf + 64 * i, 8, 400 + i, sm.mh);
+  }
+  int got[4][FAB_MAX_RECVS];
+  ft_wait_all(&s, reqs, 4, &got[0][0], FAB_MAX_RECVS, T_MS, "the 8-byte messages that kept the threads asleep");
+  for (int i = 0; i < 2; i++) {
+    ft_verify_or_fail(lm[i].buf, 8, 700 + (uint64_t)i, "an 8-byte message that kept the threads asleep");
+    ft_mr_free(&s, &lm[i]);
+  }
+  ft_mr_free(&s, &sm);
+  ft_mr_free(&s, &rm);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
+
 /* A connection closed with a receive posted and never tested to the end
  * leaves no live request behind: the rails' threads, still running for
  * another connection over the same rails, sleep once that one is idle. The
