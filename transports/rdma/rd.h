@@ -86,16 +86,19 @@ _Static_assert(1 + FAB_PARAM_TAGGED_MAX_MAX / RD_TAGGED_CREDIT_BYTES <= RD_TAGGE
  * posted by that thread (rd_send_pump, rd_send_defers); smaller ones go at
  * once. */
 enum { RD_HELPED_INLINE_MAX = 16384 };
-/* Whether a send of size bytes, its request just handed out, is left to
- * the rail's polling thread: a large one (above FABRIC_RAIL_SMALL_MAX, which
- * keeps the thread polling), or one behind others of the comm still in
- * flight (a stream, whose copies the thread then runs beside the caller's).
- * A lone small one goes at once: leaving it costs the thread's wake-up,
- * which in netbench's 32 KiB ping-pong over four rails was 14.8 us against
- * 11.1 for the caller's post. */
-static inline int rd_send_defers(const fab_comm* c, size_t size) {
+/* Whether a send of size bytes, its request just handed out and sized, is
+ * left to the rail's polling thread: while the thread polls (a large request
+ * is live on its endpoint, this send or a receive: NCCL's 512 KiB buffers
+ * are), or behind other sends of the comm still in flight (a stream, whose
+ * copies the thread then runs beside the caller's). A lone one while the
+ * thread sleeps goes at once: leaving it costs the thread's wake-up, which in
+ * netbench's 32 KiB ping-pong over four rails was 14.8 us against 11.1 for
+ * the caller's post. Inside NCCL, leaving even a lone one to a polling thread
+ * was faster from 128 KiB (0.75x Socket's all_reduce time against 1.00x):
+ * the channels' comms then copy on several threads. */
+static inline int rd_send_defers(fab_comm* c, size_t size) {
   if (!c->helped || size <= RD_HELPED_INLINE_MAX) return 0;
-  return size > fab_g.params.rail_small_max || fab_pool_in_use(&c->reqs) > 1;
+  return !fab_ep_helper_small_only(c->ep) || fab_pool_in_use(&c->reqs) > 1;
 }
 _Static_assert(RD_RECV_REQS * FAB_MAX_RECVS <= RD_SLOTS, "a slot names a request and a buffer; at most RD_SLOTS");
 _Static_assert(RD_SLOTS <= RD_ONESIDED_SLOT, "the one-sided slot names no receive");
