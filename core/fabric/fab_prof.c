@@ -54,11 +54,11 @@ static void describe(fab_comm* c, fab_req* r, int i, int sub, int nsubs, uint64_
 }
 
 void fab_prof_posted(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags) {
-  fab_prof_posted_part(r, phandles, sizes, tags, NULL, r->n);
+  fab_prof_count(r->comm, fab_prof_posted_part(r, phandles, sizes, tags, NULL, r->n));
 }
 
-void fab_prof_posted_part(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags, const int* subs,
-                          int nsubs) {
+int fab_prof_posted_part(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags, const int* subs,
+                         int nsubs) {
   fab_profiler_fn fn = fab_prof_active();
   fab_comm* c = r->comm;
   fab_prof_comm* p = prof_comm(c);
@@ -83,8 +83,13 @@ void fab_prof_posted_part(fab_req* r, void* const* phandles, const size_t* sizes
     s[i].nsubs = (uint16_t)nsubs;
     r->prof = 1;
   }
+  return r->prof;
+}
+
+void fab_prof_count(fab_comm* c, int taken) {
+  fab_prof_comm* p = prof_comm(c);
   if (!p) return;
-  if (r->prof) {
+  if (taken) {
     p->declined = 0;
   } else if (++p->declined >= FAB_PROF_DECLINED_MAX) {
     p->declined = FAB_PROF_DECLINED_MAX - 1; /* one more declined post after the pause resumes it */

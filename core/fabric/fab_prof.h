@@ -82,11 +82,16 @@ typedef struct fab_req fab_req;
  * operations per comm. */
 enum { FAB_PROF_DECLINED_MAX = 16, FAB_PROF_SKIP = 1023 };
 void fab_prof_posted(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags);
-/* The same for r posting some buffers of a grouped receive of nsubs: its
- * buffer j is the runtime's buffer subs[j] (the rails floor's share of a
- * receive on one rail), which its events name. */
-void fab_prof_posted_part(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags, const int* subs,
-                          int nsubs);
+/* The start events alone, for r posting some buffers of a grouped receive
+ * of nsubs: its buffer j is the runtime's buffer subs[j] (the rails floor's
+ * share of a receive on one rail; NULL: buffer j), which its events name.
+ * Returns whether the profiler took any; fab_prof_count then counts the
+ * post on the comm whose pause it joins (a comm over rails: rail 0 for all
+ * its rails, so that it pauses as one comm). */
+int fab_prof_posted_part(fab_req* r, void* const* phandles, const size_t* sizes, const int* tags, const int* subs,
+                         int nsubs);
+typedef struct fab_comm fab_comm;
+void fab_prof_count(fab_comm* c, int taken);
 /* r is complete (or failed) and test reports it: the last update and stop
  * of each event started for it. Only for r->prof. */
 void fab_prof_done(fab_req* r);

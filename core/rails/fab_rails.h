@@ -181,6 +181,7 @@ typedef struct fab_rails_parent {
   int tags[FAB_MAX_RECVS];
   struct fab_mr* mrs[FAB_MAX_RECVS]; /* buffer i's registration on its rail */
   void* phandles[FAB_MAX_RECVS];
+  uint8_t prof, prof_taken; /* its children announce profiler events (asked once, as one post); one was taken */
   int nposted; /* children posted so far (in order) */
   uint32_t k[FAB_MAX_RECVS];               /* buffer i's number among the comm's buffers with its tag */
   struct fab_stripe_recv* st[FAB_MAX_RECVS]; /* buffer i may receive a split message: its state */
@@ -229,6 +230,10 @@ void fab_rails_data_free(fab_rails_comm* rc);
 static inline int fab_rails_rail_for(const fab_rails_comm* rc, int tag, uint32_t k) {
   return (int)((k + (uint32_t)tag) % (uint32_t)rc->n);
 }
+
+/* The profiler state whose pause a comm over rails asks (fab_prof_wanted):
+ * rail 0's, where all its rails' posts count (fab_prof_count). */
+static inline void* fab_rails_prof(const fab_rails_comm* rc) { return fab_comm_ext_get(rc->c[0], FAB_EXT_PROF); }
 
 /* The rail's own memory handle inside a handle registered on the comm (another
  * handle is passed through: resolving it WARNs). */

@@ -74,7 +74,8 @@ fab_result fab_rails_isend(void* send_comm, void* data, size_t size, int tag, vo
     fab_tagmap_untake(&rc->tags, tag);
     return res != FAB_OK ? res : fab_comm_not_now(c, "isend");
   }
-  if (phandle && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) fab_prof_posted(*request, &phandle, &size, &tag);
+  if (phandle && fab_prof_wanted(fab_rails_prof(rc)))
+    fab_prof_count(rc->c[0], fab_prof_posted_part(*request, &phandle, &size, &tag, NULL, 1));
   return FAB_OK;
 }
 
@@ -148,8 +149,9 @@ static int child_post(fab_rails_parent* p, int k, fab_result* res) {
     return *res == FAB_OK ? 0 : -1;
   }
   ch->posted = 1;
-  if (profiled && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF)))
-    fab_prof_posted_part(ch->req, phandles, len, tags, ch->idx, p->n); /* events name the runtime's buffers */
+  if (p->prof && profiled) /* events name the runtime's buffers */
+    p->prof_taken |= (uint8_t)fab_prof_posted_part(ch->req, phandles, len, tags, ch->idx, p->n);
+  if (p->prof && k == p->nchild - 1) fab_prof_count(p->rc->c[0], p->prof_taken); /* one post of the comm */
   return 1;
 }
 
@@ -240,7 +242,8 @@ static fab_result recv_on_one_rail(fab_rails_comm* rc, int rail, int n, void** d
     untake_tags(rc, n, tags);
     return res != FAB_OK ? res : fab_comm_not_now(c, "irecv");
   }
-  if (phandles && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) fab_prof_posted(*request, phandles, sizes, tags);
+  if (phandles && fab_prof_wanted(fab_rails_prof(rc)))
+    fab_prof_count(rc->c[0], fab_prof_posted_part(*request, phandles, sizes, tags, NULL, n));
   return FAB_OK;
 }
 
@@ -293,6 +296,7 @@ static fab_result recv_on_rails(fab_rails_comm* rc, const int* rail, const uint3
     return res; /* FAB_OK: no stripe state free, NCCL retries */
   }
   split(p, rail);
+  p->prof = phandles && fab_prof_wanted(fab_rails_prof(rc)); /* one post of the comm, whatever its rails */
   if (p->nstriped) parent_hold_rails(p);
   p->head = (fab_req_head){.magic = FAB_REQ_MAGIC, .state = FAB_REQ_ACTIVE, .kind = &parent_kind};
   if (rc->unposted_tail) rc->unposted_tail->next = p;

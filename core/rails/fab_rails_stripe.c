@@ -211,10 +211,9 @@ fab_result fab_stripe_isend(fab_rails_comm* rc, void* data, size_t size, int tag
     *request = NULL; /* its rail failed, and the comm with it; sp stays out of the pool (its notice may be in flight) */
     return res;
   }
-  fab_comm* c = rc->c[rail];
-  if (sp->part[0].posted && phandle && fab_prof_wanted(fab_comm_ext_get(c, FAB_EXT_PROF))) {
+  if (sp->part[0].posted && phandle && fab_prof_wanted(fab_rails_prof(rc))) {
     size_t first = len[0];
-    fab_prof_posted(sp->part[0].req, &phandle, &first, &tag);
+    fab_prof_count(rc->c[0], fab_prof_posted_part(sp->part[0].req, &phandle, &first, &tag, NULL, 1));
   }
   return res;
 }
