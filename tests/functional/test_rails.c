@@ -690,6 +690,33 @@ FT_PAIR_TEST(rails_threads_sleep_small_live, 120) {
   ft_side_close(&s);
 }
 
+/* An 8-byte receive on each of two rails (tags 400 and 401: message 0 of
+ * each falls on rail 0 and rail 1), so that only small requests are live
+ * there and the rails' threads sleep as in a phase of small messages. */
+static void small_receives_post(ft_side* s, ft_conn* c, ft_mr* lm, void** small) {
+  for (int i = 0; i < 2; i++) {
+    ft_mr_alloc(s, &lm[i], c->recv_comm, 64);
+    size_t cap = 8;
+    int tag = 400 + i;
+    small[i] = post_recv(s, c->recv_comm, 1, &lm[i].buf, &cap, &tag, &lm[i].mh);
+  }
+}
+
+/* Their messages, sent from sm, and the receives checked and freed. */
+static void small_receives_end(ft_side* s, ft_conn* c, ft_mr* sm, ft_mr* lm, void** small) {
+  void* reqs[4] = {small[0], small[1], NULL, NULL};
+  for (int i = 0; i < 2; i++) {
+    ft_fill((char*)sm->buf + 64 * i, 8, 700 + (uint64_t)i);
+    reqs[2 + i] = post_send(s, c->send_comm, (char*)sm->buf + 64 * i, 8, 400 + i, sm->mh);
+  }
+  int got[4][FAB_MAX_RECVS];
+  ft_wait_all(s, reqs, 4, &got[0][0], FAB_MAX_RECVS, T_MS, "the 8-byte messages that kept the threads asleep");
+  for (int i = 0; i < 2; i++) {
+    ft_verify_or_fail(lm[i].buf, 8, 700 + (uint64_t)i, "an 8-byte message that kept the threads asleep");
+    ft_mr_free(s, &lm[i]);
+  }
+}
+
 /* One ping-pong round of a mid-size message (above the 16 KiB a rail's
  * thread may be left, below FABRIC_RAIL_SMALL_MAX): the parent sends first,
  * the child answers. */
@@ -723,12 +750,7 @@ FT_PAIR_TEST(rails_threads_mid_send_inline, 120) {
   ft_mr_alloc(&s, &sm, c.send_comm, 32 << 10);
   ft_mr_alloc(&s, &rm, c.recv_comm, 32 << 10);
   void* small[2];
-  for (int i = 0; i < 2; i++) { /* tags 400 and 401: message 0 of each falls on rail 0 and rail 1 */
-    ft_mr_alloc(&s, &lm[i], c.recv_comm, 64);
-    size_t cap = 8;
-    int tag = 400 + i;
-    small[i] = post_recv(&s, c.recv_comm, 1, &lm[i].buf, &cap, &tag, &lm[i].mh);
-  }
+  small_receives_post(&s, &c, lm, small);
   ft_sync(peer, "small posted", T_MS);
   usleep(50 * 1000); /* past the threads' 10 ms idle time */
   long sleeps0 = rail_threads_sleeps();
@@ -739,17 +761,7 @@ FT_PAIR_TEST(rails_threads_mid_send_inline, 120) {
            "requests live (at most %ld naps end in that time): lone mid-size sends were left to them", woke,
            ROUNDS, naps);
   ft_sync(peer, "mid moved", T_MS);
-  void* reqs[4] = {small[0], small[1], NULL, NULL};
-  for (int i = 0; i < 2; i++) {
-    ft_fill((char*)sm.buf + 64 * i, 8, 700 + (uint64_t)i);
-    reqs[2 + i] = post_send(&s, c.send_comm, (char*)sm.buf + 64 * i, 8, 400 + i, sm.mh);
-  }
-  int got[4][FAB_MAX_RECVS];
-  ft_wait_all(&s, reqs, 4, &got[0][0], FAB_MAX_RECVS, T_MS, "the 8-byte messages that kept the threads asleep");
-  for (int i = 0; i < 2; i++) {
-    ft_verify_or_fail(lm[i].buf, 8, 700 + (uint64_t)i, "an 8-byte message that kept the threads asleep");
-    ft_mr_free(&s, &lm[i]);
-  }
+  small_receives_end(&s, &c, &sm, lm, small);
   ft_mr_free(&s, &sm);
   ft_mr_free(&s, &rm);
   ft_close_all(&s, &c, 1);
@@ -792,12 +804,7 @@ FT_PAIR_TEST(rails_threads_stream_stays_awake, 120) {
   ft_mr_alloc(&s, &sm, c.send_comm, 8 * (32 << 10));
   ft_mr_alloc(&s, &rm, c.recv_comm, 8 * (32 << 10));
   void* small[2];
-  for (int i = 0; i < 2; i++) {
-    ft_mr_alloc(&s, &lm[i], c.recv_comm, 64);
-    size_t cap = 8;
-    int tag = 400 + i;
-    small[i] = post_recv(&s, c.recv_comm, 1, &lm[i].buf, &cap, &tag, &lm[i].mh);
-  }
+  small_receives_post(&s, &c, lm, small);
   ft_sync(peer, "small posted", T_MS);
   usleep(50 * 1000);
   long sleeps0 = rail_threads_sleeps();
@@ -809,17 +816,7 @@ FT_PAIR_TEST(rails_threads_stream_stays_awake, 120) {
            "32 KiB sends in %lld ms (at most %ld if each stays awake 10 ms after a post left to it)", woke, BURSTS,
            (long long)ms, awake_spans);
   ft_sync(peer, "bursts moved", T_MS);
-  void* reqs[4] = {small[0], small[1], NULL, NULL};
-  for (int i = 0; i < 2; i++) {
-    ft_fill((char*)sm.buf + 64 * i, 8, 700 + (uint64_t)i);
-    reqs[2 + i] = post_send(&s, c.send_comm, (char*)sm.buf + 64 * i, 8, 400 + i, sm.mh);
-  }
-  int got[4][FAB_MAX_RECVS];
-  ft_wait_all(&s, reqs, 4, &got[0][0], FAB_MAX_RECVS, T_MS, "the 8-byte messages that kept the threads asleep");
-  for (int i = 0; i < 2; i++) {
-    ft_verify_or_fail(lm[i].buf, 8, 700 + (uint64_t)i, "an 8-byte message that kept the threads asleep");
-    ft_mr_free(&s, &lm[i]);
-  }
+  small_receives_end(&s, &c, &sm, lm, small);
   ft_mr_free(&s, &sm);
   ft_mr_free(&s, &rm);
   ft_close_all(&s, &c, 1);
