@@ -94,8 +94,9 @@ enum { RD_HELPED_INLINE_MAX = 16384 };
  * thread sleeps goes at once: leaving it costs the thread's wake-up, which in
  * netbench's 32 KiB ping-pong over four rails was 14.8 us against 11.1 for
  * the caller's post. Inside NCCL, leaving even a lone one to a polling thread
- * was faster from 128 KiB (0.75x Socket's all_reduce time against 1.00x):
- * the channels' comms then copy on several threads. */
+ * was faster at 128-512 KiB (all_reduce and all_gather 0.64-0.78x Socket's
+ * time against 0.85-0.94x from the caller): the channels' comms then copy
+ * on several threads. */
 static inline int rd_send_defers(fab_comm* c, size_t size) {
   if (!c->helped || size <= RD_HELPED_INLINE_MAX) return 0;
   return !fab_ep_helper_small_only(c->ep) || fab_pool_in_use(&c->reqs) > 1;
