@@ -240,7 +240,7 @@ int fab_wire_window_decode(const void* buf, size_t len, fab_wire_window* out, ch
     WHY("window offer checksum mismatch");
     return -1;
   }
-  if (m.op != FAB_WINDOW_ADD && m.op != FAB_WINDOW_REMOVE && m.op != FAB_WINDOW_ACK && m.op != FAB_NOTE_TRUNCATED) {
+  if (m.op < FAB_WINDOW_ADD || m.op > FAB_NOTE_DELIVERY_ANSWER) {
     WHY("window offer with operation %u", m.op);
     return -1;
   }

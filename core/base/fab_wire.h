@@ -16,9 +16,10 @@
 #include "fab_core.h"
 
 enum {
-  FAB_WIRE_VERSION = 8, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
+  FAB_WIRE_VERSION = 9, /* 2: connect requests and probes untagged; 3: transport id and payload; 4: window
                          * offers, and a handle checked over the bytes in use only; 5: rails; 6: stripes;
-                         * 7: truncation notices (FAB_NOTE_TRUNCATED); 8: tagged credits weighed by size */
+                         * 7: truncation notices (FAB_NOTE_TRUNCATED); 8: tagged credits weighed by size;
+                         * 9: delivery probes and their answers (FAB_NOTE_DELIVERY_*) */
   FAB_ADDR_MAX = 104, /* endpoint address bytes that fit in the handle */
   FAB_HANDLE_HEADER = 24, /* the handle's bytes before its address */
   FAB_HANDLE_SIZE_V4 = 64, /* what a 64-byte ABI (Neuron v4) carries of the handle */
@@ -115,12 +116,24 @@ typedef struct fab_wire_accept {
  * by id; va carries the withdrawal's number). FAB_WINDOW_ACK answers a
  * withdrawal (va: its number) once no operation of the answering end into the
  * window is in flight. Ordered with the sender's other messages
- * (FI_ORDER_SAS). The same message carries the connection's one notice that
- * is not about windows: FAB_NOTE_TRUNCATED, from a recv comm to its peer's
+ * (FI_ORDER_SAS). The same message carries the connection's notices that
+ * are not about windows: FAB_NOTE_TRUNCATED, from a recv comm to its peer's
  * send comm, says a message (tag in id) was larger than its receive (va: the
- * receive's bytes; len: the bytes over, 0 when unknown). */
+ * receive's bytes; len: the bytes over, 0 when unknown).
+ * FAB_NOTE_DELIVERY_PROBE, from a closed send comm to its peer's recv comm,
+ * asks for proof that its earlier messages left the connection (id: how
+ * many the sender had sent); FAB_NOTE_DELIVERY_ANSWER returns that id once
+ * the probe was read, so after every byte before it, or all ones when the
+ * recv comm closed (fab_delivery.c). */
 #define FAB_WINDOW_MAGIC 0x57424146u /* "FABW" */
-enum { FAB_WINDOW_ADD = 1, FAB_WINDOW_REMOVE = 2, FAB_WINDOW_ACK = 3, FAB_NOTE_TRUNCATED = 4 };
+enum {
+  FAB_WINDOW_ADD = 1,
+  FAB_WINDOW_REMOVE = 2,
+  FAB_WINDOW_ACK = 3,
+  FAB_NOTE_TRUNCATED = 4,
+  FAB_NOTE_DELIVERY_PROBE = 5,
+  FAB_NOTE_DELIVERY_ANSWER = 6,
+};
 typedef struct fab_wire_window {
   uint32_t magic;
   uint16_t version;

@@ -66,7 +66,9 @@ static int requests_posted(fab_comm* c) {
   return fab_req_pending(c, unposted + 1) > unposted;
 }
 
-static int undelivered(fab_comm* c) { return c->ops->undelivered && c->ops->undelivered(c); }
+/* What keeps a closed comm parked: operations in flight, or (a send comm)
+ * messages whose delivery is not proven yet (fab_delivery.c). ep lock held. */
+static int closed_holds(fab_comm* c) { return fab_comm_busy(c) || fab_delivery_pending(c); }
 
 int fab_parked_is_comm(const fab_parked* p) { return p->destroy == comm_destroy; }
 
@@ -94,7 +96,7 @@ fab_result fab_comm_failed(fab_comm* c, const char* fn) {
 
 void fab_comm_op_done(fab_comm* c) {
   fab_comm_count_completion(c);
-  if (atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel) == 1 && c->closing && !fab_comm_busy(c))
+  if (atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel) == 1 && c->closing && !closed_holds(c))
     release_closed(c);
 }
 
@@ -161,11 +163,12 @@ static int progress_retiring(fab_endpoint* home) {
 
 int fab_comm_sweep_closed(fab_endpoint* ep) {
   int gone = 0;
+  int64_t now = fab_now_ms();
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->parked) {
     fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
     if (!fab_parked_is_comm(p)) continue;
     fab_comm* c = FAB_CONTAINER_OF(p, fab_comm, park);
-    if (!fab_comm_busy(c)) {
+    if (!closed_holds(c) || (!fab_comm_busy(c) && fab_delivery_given_up(c, now))) {
       release_closed(c);
       gone++;
     }
@@ -241,13 +244,17 @@ uint32_t fab_conn_id_next(fab_endpoint* ep) {
  * several rails close together (fab_conn_close_group): one wait, one
  * deadline, one WARN. */
 
-/* What close found still in the provider's hands, for its WARN. */
-enum { CLOSE_QUIET = 0, CLOSE_RECEIVING, CLOSE_SENDING, CLOSE_UNDELIVERED };
+/* What close found still in the provider's hands, for its WARN. A send
+ * comm whose messages are not proven delivered yet is not waited for here:
+ * it stays parked until they are, and endpoint teardown waits for it
+ * (fab_delivery.c). */
+enum { CLOSE_QUIET = 0, CLOSE_RECEIVING, CLOSE_SENDING };
 
 /* Closing starts: no new operation, posted receives cancelled, c pinned (a
  * completion that ends its last operation would free it). ep lock held. */
 static void close_begin_locked(fab_comm* c) {
   c->closing = 1;
+  fab_delivery_tell_closed(c); /* a closed sender waiting for proof stops waiting */
   c->ops->cancel(c); /* posted receives, and a grouped receive's unposted part */
   atomic_fetch_add_explicit(&c->inflight, 1, memory_order_acq_rel);
 }
@@ -257,10 +264,10 @@ static int close_end_wait_locked(fab_comm* c) {
   atomic_fetch_sub_explicit(&c->inflight, 1, memory_order_acq_rel);
   if (c->error != FAB_OK) return CLOSE_QUIET; /* its failure was said */
   if (requests_posted(c)) return c->kind == FAB_OBJ_RECV ? CLOSE_RECEIVING : CLOSE_SENDING;
-  return undelivered(c) ? CLOSE_UNDELIVERED : CLOSE_QUIET;
+  return CLOSE_QUIET;
 }
 
-static int close_waits_for(fab_comm* c) { return c->error == FAB_OK && (requests_posted(c) || undelivered(c)); }
+static int close_waits_for(fab_comm* c) { return c->error == FAB_OK && requests_posted(c); }
 
 /* Waits for the in-flight operations of the pinned comms cs[0..n-1] (no lock
  * held): FAB_CLOSE_DRAIN_MS without one completing, or the peer timeout in
@@ -305,11 +312,6 @@ static void close_warn(const char* fn, int what, const char* peer, int more) {
     FAB_WARN("%s: sends to %s the provider had taken were still pending after close%s, none of them completing for "
              "%d ms (their receives were not posted, or the peer stopped progressing); it may still read their "
              "buffers, so keep them until finalize", fn, peer, others, FAB_CLOSE_DRAIN_MS);
-  else if (what == CLOSE_UNDELIVERED)
-    FAB_WARN("%s: the last messages sent to %s were not known to have left %d ms after close%s (the peer had not "
-             "confirmed a large one: its receive was not posted, or it stopped progressing; or the probe that follows "
-             "small ones did not complete); closing the endpoint before they arrive may lose them", fn, peer,
-             FAB_CLOSE_DRAIN_MS, others);
 }
 
 /* The rest of a close on an endpoint of the comm's own (local-only
@@ -407,7 +409,7 @@ static fab_result close_comms(void* const* handles, int n, fab_obj_kind kind, co
       close_own_endpoint_rest(c);
       continue;
     }
-    if (!fab_comm_busy(c)) {
+    if (!closed_holds(c)) {
       fab_comm_free(c);
     } else {
       fab_comm_park_closed(ep, c);
@@ -474,7 +476,26 @@ int fab_comm_close_owned(fab_endpoint* home, fab_ctx* owner) {
 
 
 /* After fi_close(ep): nothing can complete any more; free every comm. */
+/* Endpoint teardown, its endpoint closed: one WARN for the closed send comms
+ * still without proof that their last messages reached the peer. */
+static void warn_unproven(fab_endpoint* ep) {
+  if (ep->failed) return; /* its failure was said */
+  int n = 0;
+  const char* peer = "";
+  FAB_LIST_FOREACH_SAFE(it, tmp, &ep->parked) {
+    fab_parked* p = FAB_CONTAINER_OF(it, fab_parked, node);
+    if (!fab_parked_is_comm(p) || !fab_delivery_awaited(FAB_CONTAINER_OF(p, fab_comm, park))) continue;
+    if (!n++) peer = FAB_CONTAINER_OF(p, fab_comm, park)->peer_name;
+  }
+  if (n)
+    FAB_WARN("%s: closed the endpoint while %d closed send comm%s (to %s%s) had no proof that their last messages "
+             "reached the peer (it did not answer within %d ms: it stopped progressing, or closed its side without "
+             "taking them); those messages may be lost", ep->dev->name, n, n == 1 ? "" : "s", peer,
+             n == 1 ? "" : " and others", FAB_CLOSE_DRAIN_MS);
+}
+
 void fab_comm_endpoint_teardown(fab_endpoint* ep) {
+  warn_unproven(ep);
   int live = 0;
   FAB_LIST_FOREACH_SAFE(it, tmp, &ep->comms) {
     fab_comm* c = FAB_CONTAINER_OF(it, fab_comm, park.node);

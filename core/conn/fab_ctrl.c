@@ -81,16 +81,19 @@ static void window_deliver(fab_endpoint* ep, const void* raw, size_t len) {
     return;
   }
   fab_comm* c = fab_ep_id_get(ep, m.target_id);
-  if (c && !c->closing && c->awaiting_answer) {
+  /* a closed comm still takes delivery probes and answers while it is parked */
+  int delivery = m.op == FAB_NOTE_DELIVERY_PROBE || m.op == FAB_NOTE_DELIVERY_ANSWER;
+  if (c && !c->closing && c->awaiting_answer && !delivery) {
     fab_pwin_hold(c, &m); /* its connect reads the answer after this poll */
     return;
   }
-  if (!c || c->closing || c->peer_id != m.source_id || c->conn_id != m.conn_id) {
-    FAB_INFO(FAB_SUBSYS_NET, "%s: dropped a window offer for connection %u (comm %u), which is not open here",
-             ep->dev->name, m.conn_id, m.target_id);
+  if (!c || (c->closing && !delivery) || c->peer_id != m.source_id || c->conn_id != m.conn_id) {
+    FAB_INFO(FAB_SUBSYS_NET, "%s: dropped a window offer or notice for connection %u (comm %u), which is not open "
+             "here", ep->dev->name, m.conn_id, m.target_id);
     return;
   }
-  fab_pwin_apply(c, &m);
+  if (delivery) fab_delivery_note(c, &m);
+  else fab_pwin_apply(c, &m);
 }
 
 static void ctrl_rx_deliver(fab_endpoint* ep, const fab_wire_connect* raw, size_t len) {

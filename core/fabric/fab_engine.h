@@ -382,6 +382,11 @@ struct fab_comm {
   int peer_in_process; /* no liveness check: see fab_ep_addr_in_process */
   _Atomic uint32_t stall_polls;
   fab_op probe_op;
+  /* delivery proof once closed (fab_delivery.c; ep lock): the transport's
+   * count of messages sent that the last delivery probe carried, the largest
+   * the peer answered, and when the comm began to wait for one */
+  uint64_t proof_asked, proof_got;
+  int64_t proof_since_ms;
   fab_op ctl_op; /* the transport's control writes (fab_remote_ctl_write) */
   int awaiting_answer;         /* send: its connect has not read the listener's answer yet; window
                                 * messages that come first are held (fab_pwin_hold) */
@@ -440,8 +445,8 @@ static inline int fab_dev_injects(const fab_device* d, size_t len) {
  * (fi_tinject*), with no completion to wait for: the provider takes it in
  * one post, and either places it in the peer's memory before the post
  * returns (local_only), or sends it through the peer's one stream
- * (one_stream), where a probe posted later proves, when it completes, that
- * the message left too (fab_comm_post_probe: a send comm's close). Elsewhere
+ * (one_stream), where a delivery probe posted later proves, once the peer
+ * answers it, that the message arrived too (fab_delivery.c). Elsewhere
  * (EFA, verbs, cxi) nothing orders a later probe after it. Over tcp this
  * saves the provider's completion, which costs a wake-up write and read on a
  * socket pair per batch (libfabric 1.17's tcp CQ signals every completion). */

@@ -129,6 +129,20 @@ static inline void fab_comm_stalled(fab_comm* c) {
 int fab_comm_post_probe(fab_comm* c);
 /* The probe's completion handler (the comm's probe_op). */
 void fab_comm_probe_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
+/* fab_delivery.c: proof of delivery for a closed send comm (ep lock held).
+ * 1 while what c sent is unproven (fab_transport_ops.unproven): asks the
+ * peer for proof the first time, and again for what was sent since. */
+int fab_delivery_pending(fab_comm* c);
+/* The same without asking: for a report once the endpoint is closed. */
+int fab_delivery_awaited(fab_comm* c);
+/* 1 once c waited FABRIC_PEER_TIMEOUT_MS for its proof (one INFO). */
+int fab_delivery_given_up(fab_comm* c, int64_t now);
+/* A closing recv comm tells its peer's send comm that nothing more will be
+ * taken (over kernel sockets, for a transport that proves delivery). */
+#define FAB_DELIVERY_CLOSED UINT64_MAX /* an answer's id: the receiver closed */
+void fab_delivery_tell_closed(fab_comm* c);
+/* A delivery probe or answer (FAB_NOTE_DELIVERY_*) for c, closing or not. */
+void fab_delivery_note(fab_comm* c, const fab_wire_window* m);
 /* The completion handler of a transport's control writes (the comm's ctl_op). */
 void fab_comm_ctl_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
 

@@ -33,8 +33,9 @@ typedef struct fab_transport_needs {
   size_t mr_key_size;    /* largest remote key it can carry (0: no remote keys) */
   int tagged;            /* needs enough tag bits for fab_tag_layout */
   int reg_host;          /* host memory must be registered (remote access) */
-  int confirms_tagged;   /* closing a send comm waits until its large tagged messages reached the peer (the
-                          * `undelivered` hook): ofi_rxm's eager limit may then be raised (fab_rxm.c) */
+  int confirms_tagged;   /* a closed send comm's tagged messages are proven to have reached the peer before
+                          * its endpoint closes (the `unproven` hook): ofi_rxm's eager limit may then be
+                          * raised (fab_rxm.c) */
 } fab_transport_needs;
 
 struct fab_transport_ops {
@@ -95,11 +96,13 @@ struct fab_transport_ops {
    * yet (they read no caller buffer, and close does not wait for them).
    * ep lock held. Optional: none. */
   uint32_t (*unposted)(fab_comm* c);
-  /* Close of a send comm: 1 while a message whose send completed locally is
-   * not known to have reached the peer (its bytes may still sit in our
-   * socket, which closing the endpoint would drop); close waits for that as
-   * for posted requests. ep lock held. Optional: never. */
-  int (*undelivered)(fab_comm* c);
+  /* A closed send comm: 0 when every message it sent is known to have
+   * reached the peer, else how many it sent so far (a count that only
+   * grows). While not 0, the comm stays parked and asks its peer for proof
+   * (fab_delivery.c). Where a send completes once its bytes are in our
+   * socket (one_stream), closing the endpoint before the peer read them may
+   * drop them. ep lock held. Optional: always 0. */
+  uint64_t (*unproven)(fab_comm* c);
   /* A completion with remote CQ data and no operation of ours (a peer's
    * fi_writedata landed). Runs with the endpoint lock held. Optional. */
   void (*remote_data)(fab_endpoint* ep, const fab_cqe* e);

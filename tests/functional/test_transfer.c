@@ -261,12 +261,11 @@ FT_PAIR_TEST(inflight, 60) {
   inflight_round(&s, &c, 1);
   inflight_round(&s, &c, 0);
   inflight_grouped(&s, &c);
-  /* Both sides have all their messages before either closes: a side that
-   * finalizes while its peer still reads can drop tagged messages of 64 B -
-   * 64 KiB from its socket (docs/known-bugs.md, "A send completes once its
-   * bytes are in the local socket"); over four rails this case hit it in
-   * about one run in seven. */
-  ft_sync(peer, "inflight received", T_MS);
+  /* No sync before the close: a side closes and finalizes as soon as its own
+   * requests are done, while its peer may still be reading its last
+   * messages. Over tcp those were in its socket only; over four rails this
+   * case lost some in about one run in ten until closed send comms asked for
+   * proof of delivery (fab_delivery.c). */
   ft_close_all(&s, &c, 1);
   ft_side_close(&s);
 }

@@ -201,8 +201,13 @@ Test(wire, window_messages_and_truncation_notice) {
   cr_assert_eq(wd.target_id, 3);
   cr_assert_eq(wd.id, 17);
   cr_assert_eq(wd.va, 4096);
-  fab_wire_window_encode(&w, FAB_NOTE_TRUNCATED + 1, 3, 4, 5, 17, 4096, 0, 4096, 0);
+  fab_wire_window_encode(&w, FAB_NOTE_DELIVERY_ANSWER, 3, 4, 5, UINT64_MAX, 0, 0, 0, 0);
+  cr_assert_eq(fab_wire_window_decode(&w, sizeof(w), &wd, why, sizeof(why)), 0, "%s", why);
+  cr_assert_eq(wd.id, UINT64_MAX, "a delivery answer carries its 64-bit count");
+  fab_wire_window_encode(&w, FAB_NOTE_DELIVERY_ANSWER + 1, 3, 4, 5, 17, 4096, 0, 4096, 0);
   cr_assert_neq(fab_wire_window_decode(&w, sizeof(w), &wd, why, sizeof(why)), 0, "unknown operation");
+  fab_wire_window_encode(&w, 0, 3, 4, 5, 17, 4096, 0, 4096, 0);
+  cr_assert_neq(fab_wire_window_decode(&w, sizeof(w), &wd, why, sizeof(why)), 0, "operation 0");
   fab_wire_window_encode(&w, FAB_WINDOW_ADD, 3, 4, 5, 1, UINT64_MAX - 10, 0, 100, 7);
   cr_assert_neq(fab_wire_window_decode(&w, sizeof(w), &wd, why, sizeof(why)), 0, "a window that wraps around");
   fab_wire_window_encode(&w, FAB_WINDOW_ADD, 3, 4, 5, 1, 0x1000, 0, 100, 7);

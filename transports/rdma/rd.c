@@ -189,7 +189,7 @@ static uint64_t rd_onesided_data(const fab_comm* c, uint32_t low) {
 /* Sends waiting for their buffer's announcement have read nothing yet. */
 static uint32_t rd_unposted(fab_comm* c) { return c->kind == FAB_OBJ_SEND ? rd_s(c)->nwait : 0; }
 
-static int rd_undelivered(fab_comm* c) { return c->kind == FAB_OBJ_SEND && rd_tagged_undelivered(c); }
+static uint64_t rd_unproven(fab_comm* c) { return c->kind == FAB_OBJ_SEND ? rd_tagged_unproven(c) : 0; }
 
 const fab_transport_ops fab_rdma_ops = {
     .name = "rdma",
@@ -229,7 +229,7 @@ const fab_transport_ops fab_rdma_ops = {
     .give_up = rd_give_up,
     .cancel = rd_cancel,
     .unposted = rd_unposted,
-    .undelivered = rd_undelivered,
+    .unproven = rd_unproven,
     .remote_data = rd_remote_data,
     .onesided_data = rd_onesided_data,
 };

@@ -65,8 +65,9 @@ static inline uint32_t rd_tagged_weight(size_t len) {
  * writes ask FI_DELIVERY_COMPLETE, which rxm does not pass on for sends), a
  * tagged message of this weight or more (64 KiB) is confirmed: its receiver
  * gives its credits back once it took it (at the end of its burst, below),
- * and closing the send comm waits for them, so that the endpoint's close
- * cannot drop its bytes. */
+ * so that a send comm closed after it has its proof of delivery without
+ * asking (rd_tagged_unproven; smaller ones are proven by a delivery probe,
+ * fab_delivery.c). */
 enum { RD_CONFIRM_WEIGHT = 2 };
 /* A confirmation waits for the end of a burst: while another tagged receive
  * is posted, the message that fills it is taken soon, and its credits cover
@@ -179,15 +180,7 @@ typedef struct rd_scomm {
   uint32_t unsent;             /* waiting sends whose tagged message is not posted yet */
   uint32_t tcredits;           /* tagged messages we may still send before the receiver takes some */
   uint64_t tsent;              /* tagged credits used so far */
-  uint64_t confirm_at;         /* tsent after the last message whose delivery close waits for (rd_tagged_undelivered) */
-  uint8_t flush;               /* RD_FLUSH_*: whether close still proves that inline messages left */
 } rd_scomm;
-
-/* A message that went inline through a stream (fab_dev_tagged_inline) may
- * still sit in the provider's queue, behind a large one, when its request is
- * done; close flushes it: a probe posted after it completes only once it
- * left (rd_tagged_undelivered). */
-enum { RD_FLUSH_NONE = 0, RD_FLUSH_OWED = 1, RD_FLUSH_POSTED = 2 };
 
 /* WAITING: numbered, its announcement not written yet; UNPOSTED, LISTENING:
  * asked announcements, its tagged receive not posted yet, posted. */
@@ -319,11 +312,10 @@ void rd_tagged_unlisten(fab_comm* c, rd_rsub* b);
 void rd_tagged_taken(fab_comm* c, size_t len);
 /* Sender, ep lock held: the receiver gave back n credits of messages taken. */
 void rd_tagged_credits(fab_comm* c, uint32_t n);
-/* Sender, ep lock held (close): 1 while the receiver has not given back the
- * credits of the last confirmed message (rd_tagged_confirms), or while
- * messages that went inline are not proved gone (posts the probe that
- * proves it, RD_FLUSH_*). */
-int rd_tagged_undelivered(fab_comm* c);
+/* Sender, ep lock held (a closed comm): tagged messages sent so far while
+ * over kernel sockets the receiver has not given back every credit, else 0
+ * (fab_transport_ops.unproven). */
+uint64_t rd_tagged_unproven(fab_comm* c);
 /* Receiver, ep lock held: gives taken messages back once half the credits
  * wait, or once a confirmation is due (rd_tagged_confirm_due). */
 void rd_tagged_give_back(fab_comm* c);
@@ -331,9 +323,9 @@ void rd_tagged_give_back(fab_comm* c);
  * taken, and no other tagged receive is posted or it was taken
  * RD_CONFIRM_HOLD_MS ago. */
 int rd_tagged_confirm_due(fab_comm* c);
-/* Receiver closing, ep lock held: confirms the messages it took whatever
- * receives were still posted (their sender may be closing too, waiting for
- * that confirmation). */
+/* Receiver closing, ep lock held: over kernel sockets, gives back the
+ * credits of every message it took, whatever receives were still posted
+ * (their sender may be closed, waiting for proof of delivery). */
 void rd_tagged_confirm_at_close(fab_comm* c);
 
 /* rd_recv.c */

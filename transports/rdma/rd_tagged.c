@@ -49,11 +49,7 @@ static ssize_t post_tsend(fab_comm* c, rd_sreq* q, size_t size, uint64_t tag) {
   else
     rc = fi_tinjectdata(c->ep->ep, inline_data ? q->data : NULL, inline_data ? size : 0, data, c->peer, tag);
   fab_ep_serial_leave(c->ep, held);
-  if (rc == 0 && inline_data) {
-    if (!c->ep->dev->local_only) rd_s(c)->flush = RD_FLUSH_OWED;
-    return RD_WENT_INLINE;
-  }
-  return rc;
+  return rc == 0 && inline_data ? RD_WENT_INLINE : rc;
 }
 
 ssize_t rd_tagged_send(fab_comm* c, fab_req* r) {
@@ -65,7 +61,6 @@ ssize_t rd_tagged_send(fab_comm* c, fab_req* r) {
   if (rc < 0) return rc;
   s->tcredits -= weight;
   s->tsent += weight;
-  if (q->ts == RD_TS_DATA && rd_tagged_confirms(c, weight)) s->confirm_at = s->tsent;
   if (q->ts == RD_TS_DATA) return rc; /* its completion ends it (write_done), or it went inline */
   if (q->ts == RD_TS_RTS) q->ts = RD_TS_ASKED;
   else if (q->ts == RD_TS_MARK) q->ts = RD_TS_MARKED;
@@ -81,32 +76,15 @@ void rd_tagged_credits(fab_comm* c, uint32_t n) {
   s->tcredits += n;
 }
 
-/* Credits come back in the order the receiver took messages, and a later
- * message is taken only after the earlier ones' bytes left our socket (one
- * ordered stream per peer): so once the credits given back reach those used
- * through the confirmed message, its bytes are out of our socket. */
-/* The probe goes after every message that went inline (one stream per
- * peer): its completion says they left our queue too. Until it is posted,
- * or while an earlier liveness probe holds the comm's only probe, close
- * waits; a probe the provider refuses for good leaves nothing to prove. */
-static int inline_unflushed(fab_comm* c) {
+/* Credits come back in the order the receiver took messages: once all of
+ * them are back, it took every message. Until then, over kernel sockets
+ * (one_stream), one not taken may still sit in our socket or unread in the
+ * receiver's, and a send completed when its bytes entered ours. Elsewhere a
+ * send completes once the peer's side has it. */
+uint64_t rd_tagged_unproven(fab_comm* c) {
   rd_scomm* s = rd_s(c);
-  if (s->flush == RD_FLUSH_NONE) return 0;
-  if (c->error != FAB_OK) s->flush = RD_FLUSH_NONE; /* the connection failed: nothing more leaves */
-  else if (c->probe_posted) return 1;
-  else if (s->flush == RD_FLUSH_POSTED) s->flush = RD_FLUSH_NONE; /* ours completed */
-  else {
-    int rc = fab_comm_post_probe(c);
-    if (rc == 0) s->flush = RD_FLUSH_POSTED;
-    else if (rc != -FI_EAGAIN) s->flush = RD_FLUSH_NONE;
-  }
-  return s->flush != RD_FLUSH_NONE;
-}
-
-int rd_tagged_undelivered(fab_comm* c) {
-  rd_scomm* s = rd_s(c);
-  uint64_t given_back = s->tsent - (RD_TAGGED_CREDITS - s->tcredits);
-  return given_back < s->confirm_at || inline_unflushed(c);
+  if (!c->ep->dev->one_stream || s->tcredits == RD_TAGGED_CREDITS) return 0;
+  return s->tsent;
 }
 
 /* --- receiver -------------------------------------------------------------------- */
@@ -143,12 +121,14 @@ void rd_tagged_give_back(fab_comm* c) {
   write_credits(c);
 }
 
+/* Every credit of a message taken goes back, so that a sender still waiting
+ * for proof of delivery (rd_tagged_unproven) has it without its probe, which
+ * may now find this comm gone. */
 void rd_tagged_confirm_at_close(fab_comm* c) {
   rd_rcomm* rc = rd_r(c);
-  if (!atomic_load_explicit(&rc->confirm_owed, memory_order_relaxed) || rc->credits == 0 || c->error != FAB_OK)
-    return;
+  if (!rc->asked || !c->ep->dev->one_stream || rc->credits == 0 || c->error != FAB_OK) return;
   if (write_credits(c) != 0)
-    atomic_store_explicit(&rc->confirm_owed, 0, memory_order_relaxed); /* its sender waits out its close */
+    atomic_store_explicit(&rc->confirm_owed, 0, memory_order_relaxed); /* its sender asks with its probe */
 }
 
 void rd_tagged_taken(fab_comm* c, size_t len) {
