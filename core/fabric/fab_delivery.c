@@ -31,13 +31,12 @@ static uint64_t unproven_sent(fab_comm* c) {
   return sent > c->proof_got ? sent : 0;
 }
 
-static int ask(fab_comm* c, uint64_t sent) {
+/* Sends c's peer a delivery note (op, count) that owns itself: 0, or a
+ * negative fi errno when nothing went. Never drives the endpoint. */
+static int send_note(fab_comm* c, uint16_t op, uint64_t count, const char* what, const char* then) {
   fab_wire_window m;
-  fab_wire_window_encode(&m, FAB_NOTE_DELIVERY_PROBE, c->peer_id, c->local_id, c->conn_id, sent, 0, 0, 0, 0);
-  fab_ctl_dest to = {.peer = c->peer,
-                     .what = "a delivery probe",
-                     .then = "closing the endpoint before the peer reads this connection's last messages may lose "
-                             "them"};
+  fab_wire_window_encode(&m, op, c->peer_id, c->local_id, c->conn_id, count, 0, 0, 0, 0);
+  fab_ctl_dest to = {.peer = c->peer, .what = what, .then = then};
   return fab_ep_ctl_send(c->ep, &to, &m, sizeof(m));
 }
 
@@ -46,7 +45,8 @@ int fab_delivery_pending(fab_comm* c) {
   if (!sent) return 0;
   if (!c->proof_since_ms) c->proof_since_ms = fab_now_ms();
   if (c->proof_asked >= sent) return 1;
-  int rc = ask(c, sent);
+  int rc = send_note(c, FAB_NOTE_DELIVERY_PROBE, sent, "a delivery probe",
+                     "closing the endpoint before the peer reads this connection's last messages may lose them");
   if (rc != 0) { /* nothing went: nothing can prove them */
     FAB_WARN("%s: could not ask %s to confirm this connection's last messages: %s; closing the endpoint before the "
              "peer reads them may lose them", c->ep->dev->name, c->peer_name, fi_strerror(-rc));
@@ -68,19 +68,17 @@ int fab_delivery_given_up(fab_comm* c, int64_t now) {
 }
 
 static void answer(fab_comm* c, uint64_t sent) {
-  fab_wire_window m;
-  fab_wire_window_encode(&m, FAB_NOTE_DELIVERY_ANSWER, c->peer_id, c->local_id, c->conn_id, sent, 0, 0, 0, 0);
-  fab_ctl_dest to = {.peer = c->peer,
-                     .what = "an answer to a delivery probe",
-                     .then = "the closed sender waits for its teardown, then warns that its last messages may be "
-                             "lost"};
-  int rc = fab_ep_ctl_send(c->ep, &to, &m, sizeof(m)); /* inside a completion: it never drives the endpoint */
+  int rc = send_note(c, FAB_NOTE_DELIVERY_ANSWER, sent, "an answer to a delivery probe",
+                     "the closed sender waits for its teardown, then warns that its last messages may be lost");
   if (rc != 0)
     FAB_INFO(FAB_SUBSYS_NET, "answering %s's delivery probe failed: %s", c->peer_name, fi_strerror(-rc));
 }
 
+/* Also after the comm failed: a peer that broke the protocol or sent more
+ * than a receive held is still there, waiting; a gone one costs a send that
+ * fails. */
 void fab_delivery_tell_closed(fab_comm* c) {
-  if (c->kind != FAB_OBJ_RECV || !c->ops->unproven || !c->ep->dev->one_stream || c->error != FAB_OK) return;
+  if (c->kind != FAB_OBJ_RECV || !c->ops->unproven || !c->ep->dev->one_stream) return;
   answer(c, FAB_DELIVERY_CLOSED);
 }
 

@@ -639,16 +639,17 @@ Test(rdma, confirm_at_receiver_close_tcp) {
   cr_expect_lt(took, FAB_CLOSE_DRAIN_MS, "finalize took %lld ms", (long long)took);
 }
 
-/* Proof of delivery for a closed send comm over tcp (fab_delivery.c). The
- * pair's sends of PROOF_N messages of PROOF_SZ bytes, tagged and too light
- * to be confirmed, completed before any receive is posted: the receiver
- * holds their credits, so nothing but a delivery probe proves them. */
+/* Proof of delivery for a closed send comm over tcp (fab_delivery.c), on
+ * both transports. The pair's sends of PROOF_N messages of PROOF_SZ bytes
+ * (rdma: tagged, too light to be confirmed) complete before any receive is
+ * posted: the receiver took none, so nothing but a delivery probe proves
+ * them. */
 enum { PROOF_N = 3, PROOF_SZ = 4096 };
 static char proof_sb[PROOF_N * PROOF_SZ], proof_rb[PROOF_N * PROOF_SZ];
 
-static void proof_send_all(conn* c, void** smh, void** rmh) {
+static void proof_send_all(const char* transport, conn* c, void** smh, void** rmh) {
   setenv("FABRIC_TAGGED_MAX", "262144", 1);
-  open_conn("tcp", c);
+  open_conn_with("tcp", transport, c);
   cr_assert_eq(api->reg_mr(c->s, proof_sb, sizeof(proof_sb), FAB_PTR_HOST, smh), FAB_OK);
   cr_assert_eq(api->reg_mr(c->r, proof_rb, sizeof(proof_rb), FAB_PTR_HOST, rmh), FAB_OK);
   for (size_t i = 0; i < sizeof(proof_sb); i++) proof_sb[i] = (char)(i * 13 + 5);
@@ -659,12 +660,15 @@ static void proof_send_all(conn* c, void** smh, void** rmh) {
     cr_assert(q);
     cr_assert_eq(wait_req(q, NULL), FAB_OK);
   }
-  cr_assert(rd_tagged_unproven(c->sc), "the receiver took none of them: none is proven");
+  pthread_mutex_lock(&c->sc->ep->lock);
+  uint64_t unproven = c->sc->ops->unproven(c->sc);
+  pthread_mutex_unlock(&c->sc->ep->lock);
+  cr_assert(unproven, "%s: the receiver took none of them: none is proven", transport);
 }
 
 /* Polls both ends until no closed comm is left on the sender's endpoint,
  * for at most ms; how many are left. */
-static int closed_left_after(conn* c, fab_endpoint* sep, fab_endpoint* rep, int ms) {
+static int closed_left_after(fab_endpoint* sep, fab_endpoint* rep, int ms) {
   for (int64_t end = ut_now_ms() + ms; atomic_load(&sep->nclosing) > 0 && ut_now_ms() < end;) {
     fab_ep_poll(sep);
     if (rep != sep) fab_ep_poll(rep);
@@ -672,52 +676,83 @@ static int closed_left_after(conn* c, fab_endpoint* sep, fab_endpoint* rep, int 
   return atomic_load(&sep->nclosing);
 }
 
+/* Finalize with what is left: how long it took, in ms. */
+static int64_t proof_finish(conn* c, void* smh) {
+  cr_assert_eq(api->dereg_mr(c->s, smh), FAB_OK);
+  cr_assert_eq(api->close_listen(c->l), FAB_OK);
+  int64_t t0 = ut_now_ms();
+  cr_assert_eq(api->finalize(c->ctx), FAB_OK);
+  return ut_now_ms() - t0;
+}
+
 /* The receiver's engine answers the probe as it reads it, before any
  * receive is posted: the closed comm is freed, and the messages, read into
  * the provider's memory, then complete their receives intact. */
-Test(rdma, closed_sender_proven_by_probe_tcp) {
+static void proven_by_probe(const char* transport) {
   conn c;
   void *smh, *rmh;
-  proof_send_all(&c, &smh, &rmh);
+  proof_send_all(transport, &c, &smh, &rmh);
   fab_endpoint *sep = c.sc->ep, *rep = c.rc->ep;
   cr_assert_eq(api->close_send(c.s), FAB_OK);
-  cr_assert_eq(closed_left_after(&c, sep, rep, 5000), 0, "the receiver's answer freed the closed send comm");
+  cr_assert_eq(closed_left_after(sep, rep, 5000), 0, "the receiver's answer freed the closed send comm");
   for (int i = 0; i < PROOF_N; i++) {
     int size = -1;
     cr_assert_eq(wait_req(post_recv(&c, proof_rb + i * PROOF_SZ, PROOF_SZ, rmh, 5), &size), FAB_OK);
     cr_assert_eq(size, PROOF_SZ);
   }
   cr_assert_eq(memcmp(proof_sb, proof_rb, sizeof(proof_sb)), 0, "the messages arrived intact");
-  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
   cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
   cr_assert_eq(api->close_recv(c.r), FAB_OK);
-  cr_assert_eq(api->close_listen(c.l), FAB_OK);
-  cr_assert_eq(api->finalize(c.ctx), FAB_OK);
+  cr_expect_lt(proof_finish(&c, smh), FAB_CLOSE_DRAIN_MS);
   cr_expect_eq(ut_warns(), 0);
 }
 
-/* A receiver that closed without taking them cannot answer (its comm is
- * gone when the probe comes): the closed send comm stays parked, finalize
- * waits FAB_CLOSE_DRAIN_MS for its proof, then says in one WARN that the
- * messages may be lost. */
-Test(rdma, closed_sender_unproven_warns_at_finalize_tcp) {
+Test(rdma, closed_sender_proven_by_probe_tcp) { proven_by_probe("rdma"); }
+Test(rdma, closed_sender_proven_by_probe_tcp_sendrecv) { proven_by_probe("sendrecv"); }
+
+/* A receiver that closes without taking them says that nothing more will be
+ * taken: the closed sender is freed, and finalize neither waits nor warns. */
+static void freed_when_receiver_closes(const char* transport) {
   conn c;
   void *smh, *rmh;
-  proof_send_all(&c, &smh, &rmh);
+  proof_send_all(transport, &c, &smh, &rmh);
   fab_endpoint *sep = c.sc->ep, *rep = c.rc->ep;
   cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
   cr_assert_eq(api->close_recv(c.r), FAB_OK);
   cr_assert_eq(api->close_send(c.s), FAB_OK);
-  cr_assert_eq(closed_left_after(&c, sep, rep, 300), 1, "nothing proves the messages: the closed comm waits");
-  cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
-  cr_assert_eq(api->close_listen(c.l), FAB_OK);
+  cr_assert_eq(closed_left_after(sep, rep, 5000), 0, "the receiver's close freed the closed send comm");
+  cr_expect_lt(proof_finish(&c, smh), FAB_CLOSE_DRAIN_MS);
+  cr_expect_eq(ut_warns(), 0);
+}
+
+Test(rdma, closed_sender_freed_when_receiver_closes_tcp) { freed_when_receiver_closes("rdma"); }
+Test(rdma, closed_sender_freed_when_receiver_closes_tcp_sendrecv) { freed_when_receiver_closes("sendrecv"); }
+
+/* A peer that never answers (here: the probe and the receiver's close name
+ * a comm the other end does not know, as for a peer that stopped calling the
+ * plugin): the closed send comm stays parked, finalize waits
+ * FAB_CLOSE_DRAIN_MS for its proof, then says in one WARN that the messages
+ * may be lost. */
+static void unanswered_warns_at_finalize(const char* transport) {
+  conn c;
+  void *smh, *rmh;
+  proof_send_all(transport, &c, &smh, &rmh);
+  fab_endpoint *sep = c.sc->ep, *rep = c.rc->ep;
+  pthread_mutex_lock(&sep->lock);
+  c.sc->peer_id ^= 0x5a5;
+  pthread_mutex_unlock(&sep->lock);
+  cr_assert_eq(api->close_send(c.s), FAB_OK);
+  cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  cr_assert_eq(api->close_recv(c.r), FAB_OK);
+  cr_assert_eq(closed_left_after(sep, rep, 300), 1, "nothing proves the messages: the closed comm waits");
   cr_assert_eq(ut_warns(), 0);
-  int64_t t0 = ut_now_ms();
-  cr_assert_eq(api->finalize(c.ctx), FAB_OK);
-  int64_t took = ut_now_ms() - t0;
+  int64_t took = proof_finish(&c, smh);
   cr_expect_geq(took, FAB_CLOSE_DRAIN_MS - 50, "finalize waited %lld ms for the proof", (long long)took);
   cr_expect_eq(ut_warns(), 1, "one WARN says the messages may be lost");
 }
+
+Test(rdma, closed_sender_unanswered_warns_at_finalize_tcp) { unanswered_warns_at_finalize("rdma"); }
+Test(rdma, closed_sender_unanswered_warns_at_finalize_tcp_sendrecv) { unanswered_warns_at_finalize("sendrecv"); }
 
 /* A confirmation whose write the provider refused stays owed and goes at a
  * later test. The refusal is made by shrinking the sender's mailbox as this

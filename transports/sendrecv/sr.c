@@ -45,6 +45,7 @@ typedef struct sr_req {
 
 typedef struct sr_comm {
   fab_req* backlog; /* recv: grouped receive not fully posted yet */
+  uint64_t sent;    /* send: messages handed to the provider (sr_unproven) */
 } sr_comm;
 
 static inline sr_req* SR(fab_req* r) { return fab_req_tp(r); }
@@ -118,8 +119,8 @@ static inline void req_put(fab_req* r) { fab_req_put(r); }
 
 /* 1 when the message goes inline: host memory within the inject size of an
  * intra-host provider, which places it in the peer's memory as it is posted
- * (fab_dev_tagged_inline; through a stream, only the rdma transport proves at
- * close that such messages left). */
+ * (fab_dev_tagged_inline; over a stream only the rdma transport sends
+ * inline, which its measurements asked for). */
 static inline int goes_inline(fab_comm* c, size_t size, fab_mr* mr) {
   return c->ep->dev->local_only && (!mr || mr->type != FAB_PTR_CUDA) && fab_dev_tagged_inline(c->ep->dev, size);
 }
@@ -154,6 +155,7 @@ static fab_result sr_isend(fab_comm* c, void* data, size_t size, int tag, fab_mr
     rc = post_send(c, s, data, size, desc, inline_data);
   }
   if (FAB_LIKELY(rc == 0)) {
+    SRC(c)->sent++;
     if (inline_data) { /* placed: nothing will complete it */
       sub_set_state(s, FAB_SUB_DONE);
       fab_req_op_done_inline(r);
@@ -362,6 +364,14 @@ static void sr_cancel(fab_comm* c) {
   }
 }
 
+/* Over kernel sockets a send completes once its bytes are in our socket,
+ * and nothing here says whether the receiver read them: a closed send comm
+ * that sent anything asks (fab_delivery.c). Elsewhere a send completes once
+ * the peer's side has it. */
+static uint64_t sr_unproven(fab_comm* c) {
+  return c->kind == FAB_OBJ_SEND && c->ep->dev->one_stream ? SRC(c)->sent : 0;
+}
+
 const fab_transport_ops fab_sendrecv_ops = {
     .name = "sendrecv",
     .id = FAB_TRANSPORT_SENDRECV,
@@ -380,4 +390,5 @@ const fab_transport_ops fab_sendrecv_ops = {
     .sizes = sr_sizes,
     .give_up = sr_give_up,
     .cancel = sr_cancel,
+    .unproven = sr_unproven,
 };
