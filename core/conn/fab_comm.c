@@ -475,7 +475,6 @@ int fab_comm_close_owned(fab_endpoint* home, fab_ctx* owner) {
 }
 
 
-/* After fi_close(ep): nothing can complete any more; free every comm. */
 /* Endpoint teardown, its endpoint closed: one WARN for the closed send comms
  * still without proof that their last messages reached the peer. */
 static void warn_unproven(fab_endpoint* ep) {
@@ -494,6 +493,7 @@ static void warn_unproven(fab_endpoint* ep) {
              n == 1 ? "" : " and others", FAB_CLOSE_DRAIN_MS);
 }
 
+/* After fi_close(ep): nothing can complete any more; free every comm. */
 void fab_comm_endpoint_teardown(fab_endpoint* ep) {
   warn_unproven(ep);
   int live = 0;

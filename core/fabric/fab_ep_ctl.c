@@ -1,13 +1,14 @@
 /*
  * Control messages that own themselves: window offers, withdrawals and their
- * answers, truncation notices, refusals of connect requests. Each is posted
- * at once, or, while the provider cannot take it (-FI_EAGAIN: rxm still
- * setting up its connection to the peer, a full send queue), kept on
- * ep->ctl_owed behind any earlier one to the same peer and posted by the
- * endpoint's sweep. Nothing here drives the endpoint, so any of them may be
- * sent from inside a completion, and no runtime call waits on a peer that
- * is gone. One still refused after FAB_ANSWER_RETRY_MS is given up with one
- * WARN that says what it was and what follows from its loss.
+ * answers, truncation notices, delivery probes and their answers, refusals
+ * of connect requests. Each is posted at once, or, while the provider
+ * cannot take it (-FI_EAGAIN: rxm still setting up its connection to the
+ * peer, a full send queue), kept on ep->ctl_owed behind any earlier one to
+ * the same peer and posted by the endpoint's sweep. Nothing here drives the
+ * endpoint, so any of them may be sent from inside a completion, and no
+ * runtime call waits on a peer that is gone. One still refused after
+ * FAB_ANSWER_RETRY_MS is given up with one WARN that says what it was and
+ * what follows from its loss.
  */
 #include <stdio.h>
 #include <stdlib.h>
