@@ -32,21 +32,30 @@ static uint64_t unproven_sent(fab_comm* c) {
 }
 
 /* Sends c's peer a delivery note (op, count) that owns itself: 0, or a
- * negative fi errno when nothing went. Never drives the endpoint. */
+ * negative fi errno when nothing went (-FI_EAGAIN: the provider would not
+ * take it now). Posted now or not at all: over tcp a busy send to a peer
+ * means its connection is being set up again, so the peer is likely gone,
+ * and keeping the note would keep the provider reconnecting to it. Never
+ * drives the endpoint. */
 static int send_note(fab_comm* c, uint16_t op, uint64_t count, const char* what, const char* then) {
   fab_wire_window m;
   fab_wire_window_encode(&m, op, c->peer_id, c->local_id, c->conn_id, count, 0, 0, 0, 0);
-  fab_ctl_dest to = {.peer = c->peer, .what = what, .then = then};
+  fab_ctl_dest to = {.peer = c->peer, .what = what, .then = then, .once = 1};
   return fab_ep_ctl_send(c->ep, &to, &m, sizeof(m));
 }
 
 int fab_delivery_pending(fab_comm* c) {
   uint64_t sent = unproven_sent(c);
   if (!sent) return 0;
-  if (!c->proof_since_ms) c->proof_since_ms = fab_now_ms();
-  if (c->proof_asked >= sent) return 1;
+  int64_t now = fab_now_ms();
+  if (!c->proof_since_ms) c->proof_since_ms = now;
+  if (c->proof_asked >= sent || now < c->proof_retry_ms) return 1;
   int rc = send_note(c, FAB_NOTE_DELIVERY_PROBE, sent, "a delivery probe",
                      "closing the endpoint before the peer reads this connection's last messages may lose them");
+  if (rc == -FI_EAGAIN) { /* asked again a little later, not at every sweep */
+    c->proof_retry_ms = now + FAB_PROOF_RETRY_MS;
+    return 1;
+  }
   if (rc != 0) { /* nothing went: nothing can prove them */
     FAB_WARN("%s: could not ask %s to confirm this connection's last messages: %s; closing the endpoint before the "
              "peer reads them may lose them", c->ep->dev->name, c->peer_name, fi_strerror(-rc));
@@ -74,11 +83,12 @@ static void answer(fab_comm* c, uint64_t sent) {
     FAB_INFO(FAB_SUBSYS_NET, "answering %s's delivery probe failed: %s", c->peer_name, fi_strerror(-rc));
 }
 
-/* Also after the comm failed: a peer that broke the protocol or sent more
- * than a receive held is still there, waiting; a gone one costs a send that
- * fails. */
+/* Also after the comm failed because the ranks disagree on sizes: that peer
+ * is still there, waiting. Not after another failure: the peer is gone, or
+ * broke the protocol. */
 void fab_delivery_tell_closed(fab_comm* c) {
   if (c->kind != FAB_OBJ_RECV || !c->ops->unproven || !c->ep->dev->one_stream) return;
+  if (c->error != FAB_OK && c->error != FAB_ERR_INVALID_USAGE) return;
   answer(c, FAB_DELIVERY_CLOSED);
 }
 

@@ -386,7 +386,7 @@ struct fab_comm {
    * count of messages sent that the last delivery probe carried, the largest
    * the peer answered, and when the comm began to wait for one */
   uint64_t proof_asked, proof_got;
-  int64_t proof_since_ms;
+  int64_t proof_since_ms, proof_retry_ms; /* ... and when a probe the provider refused is tried again */
   fab_op ctl_op; /* the transport's control writes (fab_remote_ctl_write) */
   int awaiting_answer;         /* send: its connect has not read the listener's answer yet; window
                                 * messages that come first are held (fab_pwin_hold) */
@@ -708,13 +708,16 @@ typedef struct fab_ctl_dest {
   int holds_av;     /* 1: the message owns a reference on peer's address and releases it when it goes */
   const char* what; /* for the WARN if it is given up: "a refusal of a connect request" */
   const char* then; /* and what follows from that: "that connect waits out ..." */
+  int once;         /* 1: posted now or not at all (-FI_EAGAIN returned, nothing kept): for a note whose
+                     * peer may be gone, whose retries would keep the provider reconnecting to it */
 } fab_ctl_dest;
 /* Sends a copy of msg, best effort: the copy frees itself when the send
- * completes or fails. Posted now, or (provider busy) kept on ep->ctl_owed
- * behind earlier ones to the same peer and posted by the sweep, given up
- * with one WARN after FAB_ANSWER_RETRY_MS. Never drives ep: safe inside a
- * completion. 0, or a negative fi errno when it cannot even be kept (then
- * nothing was sent and to->holds_av's reference is released). ep lock held. */
+ * completes or fails. Posted now, or (provider busy, and not to->once)
+ * kept on ep->ctl_owed behind earlier ones to the same peer and posted by
+ * the sweep, given up with one WARN after FAB_ANSWER_RETRY_MS. Never drives
+ * ep: safe inside a completion. 0, or a negative fi errno when it cannot
+ * even be kept (then nothing was sent and to->holds_av's reference is
+ * released). ep lock held. */
 int fab_ep_ctl_send(fab_endpoint* ep, const fab_ctl_dest* to, const void* msg, size_t len);
 /* The sweep's part: posts what ep->ctl_owed holds; how many left it. */
 int fab_ep_ctl_retry(fab_endpoint* ep);

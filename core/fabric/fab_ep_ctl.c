@@ -104,7 +104,7 @@ int fab_ep_ctl_send(fab_endpoint* ep, const fab_ctl_dest* to, const void* msg, s
   fab_op_init(&m->op, ctl_msg_done, m, 0);
   int rc = fab_ep_ctrl_reg(ep, m->buf, len, &m->mr, &m->desc);
   if (rc == 0) rc = owed_before(ep, to->peer, NULL) ? -FI_EAGAIN : ctl_msg_post(m);
-  if (rc == -FI_EAGAIN) {
+  if (rc == -FI_EAGAIN && !to->once) {
     fab_list_push(&ep->ctl_owed, &m->park.node);
     fab_ep_nclosing_add(ep, 1); /* the sweep runs while one is owed */
     atomic_store_explicit(&ep->sweep_every, FAB_SWEEP_EVERY_MIN, memory_order_relaxed);

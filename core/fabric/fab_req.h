@@ -130,7 +130,10 @@ int fab_comm_post_probe(fab_comm* c);
 /* The probe's completion handler (the comm's probe_op). */
 void fab_comm_probe_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err);
 /* fab_delivery.c: proof of delivery for a closed send comm (ep lock held).
- * 1 while what c sent is unproven (fab_transport_ops.unproven): asks the
+ * A probe the provider refuses for now (its connection to the peer is being
+ * set up again) is tried again after FAB_PROOF_RETRY_MS. */
+enum { FAB_PROOF_RETRY_MS = 100 };
+/* 1 while what c sent is unproven (fab_transport_ops.unproven): asks the
  * peer for proof the first time, and again for what was sent since. */
 int fab_delivery_pending(fab_comm* c);
 /* The same without asking: for a report once the endpoint is closed. */
