@@ -811,10 +811,13 @@ FT_PAIR_TEST(rails_threads_stream_stays_awake, 120) {
   int64_t t0 = ft_now_ms();
   for (int burst = 0; burst < BURSTS; burst++) mid_burst(&s, &c, &sm, &rm, burst);
   int64_t ms = ft_now_ms() - t0;
-  long woke = rail_threads_sleeps() - sleeps0, awake_spans = 2 * (2 + ms / 10);
+  /* Each thread's idle spans, and one more switch per burst: a thread that
+   * waits for the endpoint lock the caller holds switches too (seen once: 14
+   * in a 7 ms run). Without the awake time it was 147-249: one per post. */
+  long woke = rail_threads_sleeps() - sleeps0, awake_spans = 2 * (2 + ms / 10) + BURSTS;
   FT_CHECK(ft_role() == FT_CHILD || woke <= awake_spans, "the rail threads woke %ld times over %d bursts of eight "
-           "32 KiB sends in %lld ms (at most %ld if each stays awake 10 ms after a post left to it)", woke, BURSTS,
-           (long long)ms, awake_spans);
+           "32 KiB sends in %lld ms (at most %ld if each stays awake 10 ms after a post left to it, with one lock "
+           "wait per burst)", woke, BURSTS, (long long)ms, awake_spans);
   ft_sync(peer, "bursts moved", T_MS);
   small_receives_end(&s, &c, &sm, lm, small);
   ft_mr_free(&s, &sm);
