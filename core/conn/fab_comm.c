@@ -488,8 +488,8 @@ static void warn_unproven(fab_endpoint* ep) {
   }
   if (n)
     FAB_WARN("%s: closed the endpoint while %d closed send comm%s (to %s%s) had no proof that their last messages "
-             "reached the peer (it did not answer within %d ms: it stopped progressing, or closed its side without "
-             "taking them); those messages may be lost", ep->dev->name, n, n == 1 ? "" : "s", peer,
+             "reached the peer (it did not answer within %d ms: it stopped calling the plugin without closing its "
+             "side, or it is gone); those messages may be lost", ep->dev->name, n, n == 1 ? "" : "s", peer,
              n == 1 ? "" : " and others", FAB_CLOSE_DRAIN_MS);
 }
 
