@@ -610,11 +610,10 @@ Test(rdma, rxm_pool_grown_at_open_tcp) {
   close_conn(&c);
 }
 
-/* A receiver that closes with a receive still posted gives back the credits
- * of what it took (its sender may be closed already, waiting for proof of
- * delivery that its probe, finding this comm gone, would not bring): the
- * closed sender is then freed at once, and finalize neither waits out the
- * drain time nor warns. */
+/* A receiver that closes with a receive still posted writes the
+ * confirmation it owes first (its sender may be closed already, waiting for
+ * proof of delivery): every credit comes back, the closed sender is freed
+ * at once, and finalize neither waits out the drain time nor warns. */
 Test(rdma, confirm_at_receiver_close_tcp) {
   confirm_pair p;
   confirm_open(&p, 2);
@@ -627,6 +626,8 @@ Test(rdma, confirm_at_receiver_close_tcp) {
   cr_assert(rd_tagged_unproven(c->sc), "a receive is still posted: the confirmation waits");
   fab_endpoint* ep = c->sc->ep;
   cr_assert_eq(api->close_recv(c->r), FAB_OK);
+  credits_come_back(c, "the receiver's close wrote the confirmation it owed");
+  cr_assert(!rd_tagged_unproven(c->sc));
   cr_assert_eq(api->close_send(c->s), FAB_OK);
   for (int64_t end = ut_now_ms() + 5000; atomic_load(&ep->nclosing) > 0 && ut_now_ms() < end;) fab_ep_poll(ep);
   cr_expect_eq(atomic_load(&ep->nclosing), 0, "the closed sender has its proof from the receiver's credits");

@@ -323,9 +323,9 @@ void rd_tagged_give_back(fab_comm* c);
  * taken, and no other tagged receive is posted or it was taken
  * RD_CONFIRM_HOLD_MS ago. */
 int rd_tagged_confirm_due(fab_comm* c);
-/* Receiver closing, ep lock held: over kernel sockets, gives back the
- * credits of every message it took, whatever receives were still posted
- * (their sender may be closed, waiting for proof of delivery). */
+/* Receiver closing, ep lock held: confirms the messages it took whatever
+ * receives were still posted (their sender may be closed, waiting for proof
+ * of delivery). */
 void rd_tagged_confirm_at_close(fab_comm* c);
 
 /* rd_recv.c */

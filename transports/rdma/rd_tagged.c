@@ -121,12 +121,13 @@ void rd_tagged_give_back(fab_comm* c) {
   write_credits(c);
 }
 
-/* Every credit of a message taken goes back, so that a sender still waiting
- * for proof of delivery (rd_tagged_unproven) has it without its probe, which
- * may now find this comm gone. */
+/* A confirmation owed goes now, whatever receives are still posted: the
+ * sender then needs no delivery probe for it (a receiver closing without one
+ * owed tells its sender so with its closed note, fab_delivery.c). */
 void rd_tagged_confirm_at_close(fab_comm* c) {
   rd_rcomm* rc = rd_r(c);
-  if (!rc->asked || !c->ep->dev->one_stream || rc->credits == 0 || c->error != FAB_OK) return;
+  if (!atomic_load_explicit(&rc->confirm_owed, memory_order_relaxed) || rc->credits == 0 || c->error != FAB_OK)
+    return;
   if (write_credits(c) != 0)
     atomic_store_explicit(&rc->confirm_owed, 0, memory_order_relaxed); /* its sender asks with its probe */
 }
