@@ -37,10 +37,10 @@ static uint64_t unproven_sent(fab_comm* c) {
  * means its connection is being set up again, so the peer is likely gone,
  * and keeping the note would keep the provider reconnecting to it. Never
  * drives the endpoint. */
-static int send_note(fab_comm* c, uint16_t op, uint64_t count, const char* what, const char* then) {
+static int send_note(fab_comm* c, uint16_t op, uint64_t count) {
   fab_wire_window m;
   fab_wire_window_encode(&m, op, c->peer_id, c->local_id, c->conn_id, count, 0, 0, 0, 0);
-  fab_ctl_dest to = {.peer = c->peer, .what = what, .then = then, .once = 1};
+  fab_ctl_dest to = {.peer = c->peer, .once = 1}; /* never kept, so never given up with a WARN naming it */
   return fab_ep_ctl_send(c->ep, &to, &m, sizeof(m));
 }
 
@@ -50,8 +50,7 @@ int fab_delivery_pending(fab_comm* c) {
   int64_t now = fab_now_ms();
   if (!c->proof_since_ms) c->proof_since_ms = now;
   if (c->proof_asked >= sent || now < c->proof_retry_ms) return 1;
-  int rc = send_note(c, FAB_NOTE_DELIVERY_PROBE, sent, "a delivery probe",
-                     "closing the endpoint before the peer reads this connection's last messages may lose them");
+  int rc = send_note(c, FAB_NOTE_DELIVERY_PROBE, sent);
   if (rc == -FI_EAGAIN) { /* asked again a little later, not at every sweep */
     c->proof_retry_ms = now + FAB_PROOF_RETRY_MS;
     return 1;
@@ -77,8 +76,7 @@ int fab_delivery_given_up(fab_comm* c, int64_t now) {
 }
 
 static void answer(fab_comm* c, uint64_t sent) {
-  int rc = send_note(c, FAB_NOTE_DELIVERY_ANSWER, sent, "an answer to a delivery probe",
-                     "the closed sender waits for its teardown, then warns that its last messages may be lost");
+  int rc = send_note(c, FAB_NOTE_DELIVERY_ANSWER, sent);
   if (rc != 0)
     FAB_INFO(FAB_SUBSYS_NET, "answering %s's delivery probe failed: %s", c->peer_name, fi_strerror(-rc));
 }
