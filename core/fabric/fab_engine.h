@@ -663,7 +663,9 @@ fab_result fab_ep_progress_locked(fab_endpoint* ep);
  * FI_THREAD_SAFE, so the CQ is read without the endpoint lock; the lock is
  * taken only to dispatch what was read. An empty poll -- nearly every poll
  * of a spinning test -- then costs what fi_cq_read costs, with no lock
- * round trip of ours on top of the provider's own. */
+ * round trip of ours on top of the provider's own. Where reads and posts
+ * are serialised (cq_lock), it returns at once while another thread holds
+ * that lock: that thread is progressing the endpoint. */
 fab_result fab_ep_poll(fab_endpoint* ep);
 /* Inserts (or finds) a peer address and takes a reference on it. Caller
  * holds ep->lock. */
