@@ -405,6 +405,7 @@ static void make_view(int nics) {
 fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncands) {
   char prov[128];
   if (ncands < 1) return FAB_ERR_INVALID_USAGE; /* fab_transport_candidates WARNed */
+  fab_rxm_size_receive_pool(); /* before libfabric's first call: rxm reads it as libfabric loads it */
   if (choose_provider(cands, ncands, prov, sizeof(prov)) != 0) return FAB_ERR_SYSTEM;
   const fab_transport_ops* t = choose_transport(cands, ncands, prov);
   if (!t) {

@@ -509,8 +509,12 @@ int fab_iface_read_speed(const char* path);
  * sends every size at once, FABRIC_RXM_EAGER_LIMIT. */
 void fab_rxm_raise_eager_limit(const fab_transport_ops* t);
 size_t fab_rxm_tagged_max(const char* prov);
+/* Before libfabric's first call: over tcp, the receive buffers rxm posts per
+ * endpoint (FABRIC_RXM_RX_SIZE), unless the environment sets them or rxm
+ * may run over verbs. */
+void fab_rxm_size_receive_pool(void);
 /* As an endpoint on tcp;ofi_rxm opens, before anything else is posted on it:
- * makes rxm grow its receive pool now rather than at the first message that
+ * makes rxm grow its buffer pools now rather than at the first message that
  * arrives before its receive (FABRIC_RXM_WARM_POOL). Best effort: INFO on
  * failure. */
 void fab_rxm_warm_pool(fab_endpoint* ep);

@@ -23,8 +23,16 @@
  * allocates (up to 64 per peer, then it stops reading that socket). There
  * the rdma transport sends tagged up to the same FABRIC_RXM_EAGER_LIMIT,
  * its credits bounding what waits, and writes what is larger.
+ *
+ * Over tcp, rxm posts 4096 receive buffers of 16 KiB per endpoint as it
+ * opens (shared by all its connections): about 64 MiB of the 104 an endpoint
+ * costs, times the rails. The engine asks for FABRIC_RXM_RX_SIZE instead
+ * (FI_OFI_RXM_MSG_RX_SIZE), before libfabric's first call: rxm reads it once,
+ * as libfabric loads it. Over verbs the same variable counts per connection
+ * (128 by default), so it is left alone where rxm may run over verbs.
  * docs/performance.md has the figures.
  */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +42,9 @@
 #include "fab_transport.h"
 
 #define RXM_EAGER_ENV "FI_OFI_RXM_EAGER_LIMIT"
+#define RXM_RX_SIZE_ENV "FI_OFI_RXM_MSG_RX_SIZE"
 enum { RXM_BUFFER_DEFAULT = 16384 }; /* rxm's FI_OFI_RXM_BUFFER_SIZE default (libfabric 1.17 and 2.x) */
+enum { RXM_SRX_POSTED = 4096 }; /* rxm over tcp: receive buffers it posts per endpoint as it opens */
 
 static char ours[32]; /* the value we put in the environment, from an earlier start; "" when none */
 
@@ -84,6 +94,48 @@ void fab_rxm_raise_eager_limit(const fab_transport_ops* t) {
            "this whole process (FABRIC_RXM_EAGER_LIMIT; 0 leaves rxm's own)", RXM_EAGER_ENV, v, want);
 }
 
+/* --- rxm's posted receive buffers --------------------------------------------- */
+
+static char ours_rx[32]; /* FI_OFI_RXM_MSG_RX_SIZE as we set it; "" when we did not */
+
+/* An RDMA device on this host (/sys/class/infiniband): libfabric may then
+ * choose verbs, with rxm over it. */
+static int rdma_device_present(void) {
+  DIR* d = opendir("/sys/class/infiniband");
+  if (!d) return 0;
+  int found = 0;
+  for (struct dirent* e; !found && (e = readdir(d)) != NULL;) found = e->d_name[0] != '.';
+  closedir(d);
+  return found;
+}
+
+/* Whether rxm may run over verbs in this process: a provider list that names
+ * verbs (not as an exclusion), or none named on a host with an RDMA device. */
+static int rxm_may_run_over_verbs(void) {
+  const char* named = fab_g.params.provider[0] ? fab_g.params.provider : getenv("FI_PROVIDER");
+  if (named && *named) return named[0] != '^' && strstr(named, "verbs") != NULL;
+  return rdma_device_present();
+}
+
+void fab_rxm_size_receive_pool(void) {
+  size_t want = fab_g.params.rxm_rx_size;
+  const char* set = getenv(RXM_RX_SIZE_ENV);
+  int mine = set && ours_rx[0] && !strcmp(set, ours_rx); /* an earlier start's: follows this start's parameter */
+  if (set && *set && !mine) return;
+  if (want == 0 || rxm_may_run_over_verbs()) {
+    if (mine) unsetenv(RXM_RX_SIZE_ENV);
+    ours_rx[0] = '\0';
+    return;
+  }
+  char v[sizeof(ours_rx)];
+  snprintf(v, sizeof(v), "%zu", want);
+  if (setenv(RXM_RX_SIZE_ENV, v, 1) != 0) return; /* out of memory: rxm keeps its own count */
+  memcpy(ours_rx, v, sizeof(ours_rx));
+  FAB_INFO(FAB_SUBSYS_INIT, "%s=%s: ofi_rxm over tcp posts %zu receive buffers per endpoint rather than %d (about "
+           "36 MiB per endpoint rather than 104 at 512), in this whole process, unless libfabric was loaded before "
+           "the plugin started (FABRIC_RXM_RX_SIZE; 0 leaves rxm's own)", RXM_RX_SIZE_ENV, v, want, RXM_SRX_POSTED);
+}
+
 /* Over tcp only: elsewhere (verbs) rxm needs no-MR_LOCAL direct sends and
  * dynamic receive buffers for a limit above its buffer size, and ignores it. */
 static size_t rxm_sends_at_once(const char* prov) {
@@ -117,17 +169,20 @@ size_t fab_rxm_tagged_max(const char* prov) {
   return at_once > FAB_PARAM_TAGGED_MAX_MAX ? FAB_PARAM_TAGGED_MAX_MAX : at_once;
 }
 
-/* --- rxm's receive pool, grown as the endpoint opens ------------------------ */
+/* --- rxm's buffer pools, grown as the endpoint opens ------------------------ */
 
 /* ofi_rxm keeps a message that arrives before its receive in the buffer it
- * landed in and posts another from its receive pool in its place. That pool
- * grows by chunks of 1024 buffers, each chunk zeroed as it is allocated;
- * over tcp rxm posts 4096 buffers as the endpoint opens, which fills four
- * chunks exactly, so the first early message zeroes a fifth (17 MiB): 10-13
- * ms inside one fi_cq_read, measured inside NCCL (FABRIC_RXM_WARM_POOL in
- * core/params.toml). One empty message to ourselves, taken only after it has
- * arrived, makes rxm grow the pool now instead. It is untagged: should it be
- * left behind, a control receive takes it as a liveness probe and drops it. */
+ * landed in and posts another from its receive pool in its place. Its pools
+ * grow by chunks of 1024 buffers, each chunk zeroed as it is allocated: 17
+ * MiB, 10-13 ms inside one fi_cq_read, measured inside NCCL. With rxm's own
+ * 4096 posted buffers the receive pool's four chunks are full, so the first
+ * early message grows a fifth (FABRIC_RXM_RX_SIZE=512 leaves spares in the
+ * first); and the send pool's first chunk is allocated at the first send
+ * that is not inline. One empty message to ourselves, sent with a
+ * completion and taken only after it has arrived, has rxm grow both now
+ * instead (FABRIC_RXM_WARM_POOL in core/params.toml). It is untagged: should
+ * it be left behind, a control receive takes it as a liveness probe and
+ * drops it. */
 enum { RXM_WARM_WAIT_MS = 2000, RXM_WARM_LAND_MS = 1 };
 
 static void warm_op_late(fab_op* op, const fab_cqe* done, const struct fi_cq_err_entry* err) {
@@ -182,9 +237,9 @@ static int warm_exchange(fab_endpoint* ep, fi_addr_t self, int64_t until) {
 }
 
 void fab_rxm_warm_pool(fab_endpoint* ep) {
-  /* Over tcp only: there rxm's shared receive context fills whole chunks
-   * (verbs posts 128 buffers per connection instead), and a connection to
-   * itself is known to work. */
+  /* Over tcp only: there rxm's receive context is shared by the endpoint's
+   * connections (verbs posts 128 buffers per connection instead), and a
+   * connection to itself is known to work. */
   if (!fab_g.params.rxm_warm_pool || strcmp(ep->dev->info->fabric_attr->prov_name, "tcp;ofi_rxm") != 0) return;
   fab_op_init(&ep->rxm_warm[0], warm_op_late, ep, 0);
   fab_op_init(&ep->rxm_warm[1], warm_op_late, ep, 1);
@@ -194,10 +249,10 @@ void fab_rxm_warm_pool(fab_endpoint* ep) {
   if (rc == 0) rc = warm_exchange(ep, self, t0 + RXM_WARM_WAIT_MS);
   if (self != FI_ADDR_NOTAVAIL && rc == 0) fi_av_remove(ep->av, &self, 1, 0); /* closes rxm's loopback connection */
   if (rc != 0)
-    FAB_INFO(FAB_SUBSYS_INIT, "endpoint on %s: could not grow ofi_rxm's receive pool ahead (%s); the first "
+    FAB_INFO(FAB_SUBSYS_INIT, "endpoint on %s: could not grow ofi_rxm's buffer pools ahead (%s); the first "
              "message that arrives before its receive may take about 10 ms (FABRIC_RXM_WARM_POOL)",
              ep->dev->name, fi_strerror(-rc));
   else
-    FAB_INFO(FAB_SUBSYS_INIT, "endpoint on %s: grew ofi_rxm's receive pool ahead in %lld ms (FABRIC_RXM_WARM_POOL)",
+    FAB_INFO(FAB_SUBSYS_INIT, "endpoint on %s: grew ofi_rxm's buffer pools ahead in %lld ms (FABRIC_RXM_WARM_POOL)",
              ep->dev->name, (long long)(fab_now_ms() - t0));
 }

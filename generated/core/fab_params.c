@@ -33,6 +33,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->eager_max = 0u;
   params->tagged_max = 16384u;
   params->rxm_eager_limit = 524288u;
+  params->rxm_rx_size = 512;
   params->rxm_warm_pool = 1;
   params->link_speed_mbps = 0;
   params->gpu_emulate = 0;
@@ -61,6 +62,7 @@ const char* const fab_param_names[] = {
     "FABRIC_EAGER_MAX",
     "FABRIC_TAGGED_MAX",
     "FABRIC_RXM_EAGER_LIMIT",
+    "FABRIC_RXM_RX_SIZE",
     "FABRIC_RXM_WARM_POOL",
     "FABRIC_LINK_SPEED_MBPS",
     "FABRIC_GPU_EMULATE",
@@ -381,6 +383,19 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->rxm_eager_limit = (size_t)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_RXM_RX_SIZE")) != NULL) {
+    long long v;
+    if (parse_int(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_RXM_RX_SIZE=%s is not an integer; using 512", s);
+      bad++;
+    } else if (v < 0 || v > 65536) {
+      complain(errbuf, errbuf_size, "FABRIC_RXM_RX_SIZE=%s is outside %d..%d; using 512", s, 0, 65536);
+      bad++;
+    } else {
+      params->rxm_rx_size = (int)v;
     }
   }
 

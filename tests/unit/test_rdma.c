@@ -578,14 +578,17 @@ static long rss_kib(void) {
   return kib;
 }
 
-/* ofi_rxm's receive pool grows as the endpoint opens (FABRIC_RXM_WARM_POOL):
- * a message that arrives before its receive then takes a spare buffer of
- * the pool. Without that, this first early message makes rxm zero a new
- * chunk of 1024 buffers (17 MiB) inside one poll: 10-13 ms that fell on a
- * timed iteration of NCCL's small all_reduce. */
-Test(rdma, rxm_pool_grown_at_open_tcp) {
+/* A message that arrives before its receive takes a spare buffer of
+ * ofi_rxm's receive pool, with rxm's own 4096 posted buffers (the pool grown
+ * as the endpoint opens, FABRIC_RXM_WARM_POOL) and with the plugin's 512
+ * (FABRIC_RXM_RX_SIZE: the pool's first chunk has spares). Otherwise this
+ * first early message makes rxm zero a new chunk of 1024 buffers (17 MiB)
+ * inside one poll: 10-13 ms that fell on a timed iteration of NCCL's small
+ * all_reduce. */
+static void early_message_takes_a_spare(const char* rx_size) {
   enum { SZ = 64 };
   setenv("FABRIC_TAGGED_MAX", "65536", 1);
+  setenv("FABRIC_RXM_RX_SIZE", rx_size, 1); /* read before libfabric loads: this test's process is fresh */
   conn c;
   open_conn("tcp", &c);
   static char sb[SZ], rb[SZ];
@@ -605,9 +608,52 @@ Test(rdma, rxm_pool_grown_at_open_tcp) {
   cr_assert_eq(wait_req(rq, NULL), FAB_OK);
   long grown = rss_kib() - before;
   cr_assert_lt(grown, 8192, "a message taken before its receive grew this process by %ld KiB: rxm's receive pool "
-               "was not grown as the endpoint opened", grown);
+               "had no spare buffer (FABRIC_RXM_RX_SIZE=%s)", grown, rx_size);
   cr_assert_eq(api->dereg_mr(c.s, smh), FAB_OK);
   cr_assert_eq(api->dereg_mr(c.r, rmh), FAB_OK);
+  close_conn(&c);
+}
+
+Test(rdma, rxm_pool_grown_at_open_tcp) { early_message_takes_a_spare("0"); }
+Test(rdma, rxm_pool_spares_at_512_tcp) { early_message_takes_a_spare("512"); }
+
+/* FABRIC_RXM_RX_SIZE: over tcp rxm posts 512 receive buffers per endpoint
+ * rather than its own 4096 (16 KiB each, shared by the endpoint's
+ * connections), so the first endpoint and its comms cost about 36 MiB
+ * rather than 104, on every rail. */
+/* ...but never where rxm may run over verbs, whose count is per connection
+ * (128 by default), nor over the environment's own value. */
+Test(rdma, rxm_rx_size_where_rxm_runs_over_tcp) {
+  const char* env = "FI_OFI_RXM_MSG_RX_SIZE";
+  unsetenv(env);
+  unsetenv("FI_PROVIDER");
+  fab_g.params.rxm_rx_size = 512;
+  snprintf(fab_g.params.provider, sizeof(fab_g.params.provider), "verbs;ofi_rxm");
+  fab_rxm_size_receive_pool();
+  cr_expect_null(getenv(env), "rxm may run over verbs: left alone");
+  snprintf(fab_g.params.provider, sizeof(fab_g.params.provider), "^verbs");
+  fab_rxm_size_receive_pool();
+  cr_expect_str_eq(getenv(env) ? getenv(env) : "(unset)", "512", "verbs excluded: set");
+  snprintf(fab_g.params.provider, sizeof(fab_g.params.provider), "verbs");
+  fab_rxm_size_receive_pool();
+  cr_expect_null(getenv(env), "a later start over verbs takes back what an earlier one set");
+  setenv(env, "2048", 1);
+  snprintf(fab_g.params.provider, sizeof(fab_g.params.provider), "tcp");
+  fab_rxm_size_receive_pool();
+  cr_expect_str_eq(getenv(env), "2048", "the environment's own value is kept");
+  unsetenv(env);
+  fab_g.params.rxm_rx_size = 0;
+  fab_rxm_size_receive_pool();
+  cr_expect_null(getenv(env), "0: rxm's own count");
+}
+
+Test(rdma, rxm_rx_size_bounds_endpoint_memory_tcp) {
+  long before = rss_kib();
+  conn c;
+  open_conn("tcp", &c); /* FABRIC_PROVIDER=tcp: rxm cannot run over verbs here */
+  long grown = rss_kib() - before;
+  cr_expect_lt(grown, 64 * 1024, "the first endpoint and its comms cost %ld KiB: did rxm post its own 4096 "
+               "receive buffers (FI_OFI_RXM_MSG_RX_SIZE=%s)?", grown, getenv("FI_OFI_RXM_MSG_RX_SIZE"));
   close_conn(&c);
 }
 
