@@ -414,6 +414,7 @@ fab_result fab_devices_discover(const fab_transport_ops* const* cands, int ncand
     return FAB_ERR_SYSTEM;
   }
   fab_rxm_raise_eager_limit(t); /* before any endpoint opens: rxm reads it there */
+  fab_rxm_tell_receive_pool(prov);
   int rc;
   struct fi_info* all = query(prov, t, 0, &rc);
   uint64_t hmem_caps = gpu_memory_caps();

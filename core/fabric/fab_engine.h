@@ -513,6 +513,8 @@ size_t fab_rxm_tagged_max(const char* prov);
  * endpoint (FABRIC_RXM_RX_SIZE), unless the environment sets them or rxm
  * may run over verbs. */
 void fab_rxm_size_receive_pool(void);
+/* One INFO line on the count rxm posts, where provider prov is tcp;ofi_rxm. */
+void fab_rxm_tell_receive_pool(const char* prov);
 /* As an endpoint on tcp;ofi_rxm opens, before anything else is posted on it:
  * makes rxm grow its buffer pools now rather than at the first message that
  * arrives before its receive (FABRIC_RXM_WARM_POOL). Best effort: INFO on

@@ -117,23 +117,56 @@ static int rxm_may_run_over_verbs(void) {
   return rdma_device_present();
 }
 
+/* What fab_rxm_size_receive_pool found, for fab_rxm_tell_receive_pool. */
+static enum { RX_OWN, RX_OURS, RX_ENVIRONMENT, RX_VERBS } rx_size_why;
+
 void fab_rxm_size_receive_pool(void) {
   size_t want = fab_g.params.rxm_rx_size;
   const char* set = getenv(RXM_RX_SIZE_ENV);
   int mine = set && ours_rx[0] && !strcmp(set, ours_rx); /* an earlier start's: follows this start's parameter */
-  if (set && *set && !mine) return;
-  if (want == 0 || rxm_may_run_over_verbs()) {
+  rx_size_why = RX_OWN;
+  if (set && *set && !mine) {
+    rx_size_why = RX_ENVIRONMENT;
+    return;
+  }
+  int verbs = want != 0 && rxm_may_run_over_verbs();
+  if (want == 0 || verbs) {
     if (mine) unsetenv(RXM_RX_SIZE_ENV);
     ours_rx[0] = '\0';
+    if (verbs) rx_size_why = RX_VERBS;
     return;
   }
   char v[sizeof(ours_rx)];
   snprintf(v, sizeof(v), "%zu", want);
   if (setenv(RXM_RX_SIZE_ENV, v, 1) != 0) return; /* out of memory: rxm keeps its own count */
   memcpy(ours_rx, v, sizeof(ours_rx));
-  FAB_INFO(FAB_SUBSYS_INIT, "%s=%s: ofi_rxm over tcp posts %zu receive buffers per endpoint rather than %d (about "
-           "36 MiB per endpoint rather than 104 at 512), in this whole process, unless libfabric was loaded before "
-           "the plugin started (FABRIC_RXM_RX_SIZE; 0 leaves rxm's own)", RXM_RX_SIZE_ENV, v, want, RXM_SRX_POSTED);
+  rx_size_why = RX_OURS;
+}
+
+void fab_rxm_tell_receive_pool(const char* prov) {
+  if (strcmp(prov, "tcp;ofi_rxm") != 0) return;
+  const char* set = getenv(RXM_RX_SIZE_ENV);
+  switch (rx_size_why) {
+    case RX_OURS:
+      FAB_INFO(FAB_SUBSYS_INIT, "%s=%s: ofi_rxm posts %s receive buffers per endpoint rather than %d (at 512 about "
+               "36 MiB an endpoint rather than 104), in this whole process, unless another part of it used "
+               "libfabric before the plugin (FABRIC_RXM_RX_SIZE; 0 leaves rxm's own)", RXM_RX_SIZE_ENV, set, set,
+               RXM_SRX_POSTED);
+      break;
+    case RX_ENVIRONMENT:
+      FAB_INFO(FAB_SUBSYS_INIT, "%s=%s, set by the environment: kept (FABRIC_RXM_RX_SIZE not applied)",
+               RXM_RX_SIZE_ENV, set ? set : "");
+      break;
+    case RX_VERBS:
+      FAB_INFO(FAB_SUBSYS_INIT, "ofi_rxm posts its own %d receive buffers per endpoint (about 104 MiB an endpoint): "
+               "FABRIC_RXM_RX_SIZE is not applied where rxm may run over verbs (%s), whose count is per "
+               "connection; set FI_OFI_RXM_MSG_RX_SIZE=512 or FABRIC_PROVIDER=tcp to apply it",
+               RXM_SRX_POSTED, fab_g.params.provider[0] || getenv("FI_PROVIDER") ? "the provider named" :
+               "an RDMA device on this host");
+      break;
+    case RX_OWN:
+      break;
+  }
 }
 
 /* Over tcp only: elsewhere (verbs) rxm needs no-MR_LOCAL direct sends and
