@@ -150,8 +150,8 @@ void fab_rxm_tell_receive_pool(const char* prov) {
     case RX_OURS:
       FAB_INFO(FAB_SUBSYS_INIT, "%s=%s: ofi_rxm posts %s receive buffers per endpoint rather than %d (at 512 about "
                "36 MiB an endpoint rather than 104), in this whole process, unless another part of it used "
-               "libfabric before the plugin (FABRIC_RXM_RX_SIZE; 0 leaves rxm's own)", RXM_RX_SIZE_ENV, set, set,
-               RXM_SRX_POSTED);
+               "libfabric before the plugin (FABRIC_RXM_RX_SIZE; 0 leaves rxm's own)", RXM_RX_SIZE_ENV, ours_rx,
+               ours_rx, RXM_SRX_POSTED);
       break;
     case RX_ENVIRONMENT:
       FAB_INFO(FAB_SUBSYS_INIT, "%s=%s, set by the environment: kept (FABRIC_RXM_RX_SIZE not applied)",
