@@ -568,11 +568,8 @@ static fab_result poll_read(fab_endpoint* ep, const fab_cqe* e, ssize_t n) {
  * over four rails, while its other channels' steps waited. */
 fab_result fab_ep_poll(fab_endpoint* ep) {
   if (FAB_UNLIKELY(ep->failed)) return ep->failed;
-  int held = 0;
-  if (FAB_UNLIKELY(ep->cq_serial) || FAB_UNLIKELY(atomic_load_explicit(&ep->cq_gated, memory_order_relaxed))) {
-    if (atomic_flag_test_and_set_explicit(&ep->cq_lock, memory_order_acquire)) return FAB_OK;
-    held = 1;
-  }
+  int held = fab_ep_serial_try(ep);
+  if (held < 0) return FAB_OK;
   fab_cqe e[FAB_CQ_BATCH_MAX];
   ssize_t n = fi_cq_read(ep->cq, e, (size_t)ep->cq_batch);
   fab_ep_serial_leave(ep, held);

@@ -636,9 +636,17 @@ static inline int fab_ep_lock_cq(fab_endpoint* ep) {
  * rail's polling thread where one runs (which then waits for the runtime's
  * threads instead of making them sleep in the provider's lock). Returns
  * whether it locked; fab_ep_serial_leave takes that. */
+static inline int fab_ep_serial_needed(fab_endpoint* ep) {
+  return FAB_UNLIKELY(ep->cq_serial) || FAB_UNLIKELY(atomic_load_explicit(&ep->cq_gated, memory_order_relaxed));
+}
 static inline int fab_ep_serial_enter(fab_endpoint* ep) {
-  if (FAB_LIKELY(!ep->cq_serial) && FAB_LIKELY(!atomic_load_explicit(&ep->cq_gated, memory_order_relaxed))) return 0;
-  return fab_ep_lock_cq(ep);
+  return fab_ep_serial_needed(ep) ? fab_ep_lock_cq(ep) : 0;
+}
+/* The same without waiting: -1 while another thread holds the lock (it is
+ * progressing the endpoint or posting), else as fab_ep_serial_enter. */
+static inline int fab_ep_serial_try(fab_endpoint* ep) {
+  if (!fab_ep_serial_needed(ep)) return 0;
+  return atomic_flag_test_and_set_explicit(&ep->cq_lock, memory_order_acquire) ? -1 : 1;
 }
 /* Around a one-sided post: only where a polling thread runs. */
 static inline int fab_ep_gate_enter(fab_endpoint* ep) {
