@@ -58,6 +58,7 @@ typedef struct {
   size_t bw_sizes[MAX_SIZES];
   int lat_iters;
   size_t lat_bytes;   /* per-point byte budget that caps iterations of large sizes */
+  size_t lat_recv_size; /* --lat-recv-size: ping-pong receives at least this large (0: the message's) */
   int window;
   size_t bw_bytes;    /* bytes per bandwidth point and run */
   size_t max_mem;     /* buffer bytes per side and direction */

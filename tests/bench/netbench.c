@@ -262,6 +262,8 @@ static void usage(FILE* f) {
           "  --csv FILE           also write the results as CSV (plot with tests/bench/plot.py)\n"
           "  --lat-sizes LIST     ping-pong sizes (default 0,8,64,512,4K,32K,256K,1M)\n"
           "  --lat-iters N        ping-pong iterations for small sizes (default 10000)\n"
+          "  --lat-recv-size SIZE ping-pong receives posted this large when the message is smaller, as NCCL\n"
+          "                       posts a whole buffer slot for a message of any size (default: the message's)\n"
           "  --bw-sizes LIST      bandwidth sizes (default 64K,256K,1M,4M,16M,64M,256M)\n"
           "  --window N           in-flight requests for bw/bibw (default 16; capped by --max-mem)\n"
           "  --bw-bytes SIZE      bytes per bandwidth point and run (default 1G)\n"
@@ -385,7 +387,7 @@ int main(int argc, char** argv) {
   snprintf(plugin_path, sizeof(plugin_path), "%s", env_plugin ? env_plugin : "libnccl-net-fabric.so");
   enum { O_PLUGIN = 256, O_VERSION, O_PROVIDER, O_MODES, O_TESTS, O_REPS, O_SMOKE, O_SERVER, O_CONNECT, O_CSV,
          O_LATSIZES, O_LATITERS, O_BWSIZES, O_WINDOW, O_BWBYTES, O_MAXMEM, O_RATESIZE, O_RATEWIN, O_RATEMSGS,
-         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_RAW_SOCKET, O_NCCL_PROF, O_MEM, O_RAILS, O_VDEVICE, O_HELP };
+         O_SETUP, O_MEMCOMMS, O_DEV, O_MINHINTS, O_CPUS, O_PLUGIN_B, O_ENV_B, O_RAW_RMA, O_RAW_SOCKET, O_NCCL_PROF, O_MEM, O_RAILS, O_VDEVICE, O_LATRECV, O_HELP };
   static const struct option lo[] = {
       {"plugin", 1, 0, O_PLUGIN}, {"version", 1, 0, O_VERSION}, {"provider", 1, 0, O_PROVIDER},
       {"modes", 1, 0, O_MODES}, {"tests", 1, 0, O_TESTS}, {"reps", 1, 0, O_REPS}, {"smoke", 0, 0, O_SMOKE},
@@ -395,7 +397,7 @@ int main(int argc, char** argv) {
       {"rate-size", 1, 0, O_RATESIZE}, {"rate-window", 1, 0, O_RATEWIN}, {"rate-msgs", 1, 0, O_RATEMSGS},
       {"setup-comms", 1, 0, O_SETUP}, {"mem-comms", 1, 0, O_MEMCOMMS}, {"dev", 1, 0, O_DEV},
       {"raw-hints", 1, 0, O_MINHINTS}, {"cpus", 1, 0, O_CPUS}, {"plugin-b", 1, 0, O_PLUGIN_B}, {"env-b", 1, 0, O_ENV_B}, {"raw-rma", 0, 0, O_RAW_RMA}, {"raw-socket", 0, 0, O_RAW_SOCKET}, {"nccl-profiler", 0, 0, O_NCCL_PROF},
-      {"mem", 1, 0, O_MEM}, {"rails", 1, 0, O_RAILS}, {"vdevice", 1, 0, O_VDEVICE}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+      {"mem", 1, 0, O_MEM}, {"rails", 1, 0, O_RAILS}, {"vdevice", 1, 0, O_VDEVICE}, {"lat-recv-size", 1, 0, O_LATRECV}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
   /* Sizes given on the command line win over --smoke's. */
   char lat_arg[512] = "", bw_arg[512] = "";
   int cpus[2] = {-1, -1}, modes_set = 0;
@@ -432,6 +434,7 @@ int main(int argc, char** argv) {
       case O_CSV: snprintf(csv_path, sizeof(csv_path), "%s", optarg); break;
       case O_LATSIZES: snprintf(lat_arg, sizeof(lat_arg), "%s", optarg); break;
       case O_LATITERS: cfg.lat_iters = atoi(optarg); break;
+      case O_LATRECV: cfg.lat_recv_size = parse_size(optarg); break;
       case O_BWSIZES: snprintf(bw_arg, sizeof(bw_arg), "%s", optarg); break;
       case O_WINDOW: cfg.window = atoi(optarg); break;
       case O_BWBYTES: cfg.bw_bytes = parse_size(optarg); break;
