@@ -181,18 +181,23 @@ static void probe_plugin(info_report* r, void* dl) {
   }
 }
 
+/* The plugin is probed before this process's own first libfabric call: its
+ * init sets provider variables (FI_OFI_RXM_MSG_RX_SIZE, ...) that a provider
+ * reads once, when libfabric first loads it, and the self-test's processes
+ * inherit what was loaded. */
 int info_probe(info_report* r, const char* plugin_path) {
   info_log_attach(r);
-  probe_libfabric(r);
   probe_env(r);
   snprintf(r->plugin, INFO_LINE, "%s", plugin_path);
   void* dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
   if (!dl) {
     snprintf(r->load_error, INFO_LINE, "%s", dlerror());
+    probe_libfabric(r);
     return -1;
   }
   probe_plugin(r, dl);
   dlclose(dl);
+  probe_libfabric(r);
   int ok = r->nversions > 0;
   for (int i = 0; i < r->nversions; i++) ok = ok && !r->versions[i].error[0] && r->versions[i].ndev > 0;
   return ok ? 0 : -1;
