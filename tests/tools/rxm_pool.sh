@@ -6,7 +6,7 @@
 # usage: rxm_pool.sh FABRIC_INFO PLUGIN
 set -u
 info=$1 plugin=$2
-peak_kib() { # peak resident KiB of the largest process of one fabric-info run; its report in $out
+peak_kib() { # prints "STATUS KIB": exit status and peak resident KiB of the largest process of one run; its report on stderr
   python3 - "$info" "$plugin" <<'PY'
 import resource, subprocess, sys
 p = subprocess.run([sys.argv[1], "--selftest", "--bytes", "1M", "--plugin", sys.argv[2]], capture_output=True, text=True)
