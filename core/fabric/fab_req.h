@@ -44,9 +44,23 @@ static inline void fab_req_sized(fab_req* r, size_t bytes) {
   }
 }
 
+/* A receive r posted with a buffer of `bytes`: large as fab_req_sized says,
+ * unless its comm's recent messages were all tiny: then a guessed receive
+ * (busy 3), small until a larger message comes (fab_comm_recv_seen). */
+static inline void fab_req_sized_recv(fab_req* r, size_t bytes) {
+  if (FAB_LIKELY(r->busy != 1) || bytes <= fab_g.params.rail_small_max) return;
+  if (!fab_comm_recv_tiny(r->comm)) {
+    fab_req_sized(r, bytes);
+    return;
+  }
+  r->busy = 3;
+  atomic_fetch_add(&r->comm->recv_guessed, 1);
+}
+
 /* What r counted on its endpoint's thread goes back. */
 static inline void fab_req_let_go(fab_req* r) {
   if (r->busy == 2) fab_ep_helper_large(r->comm->ep, -1);
+  else if (r->busy == 3) fab_comm_recv_guess_done(r->comm);
   fab_ep_helper_idle(r->comm->ep);
   r->busy = 0;
 }

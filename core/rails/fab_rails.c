@@ -75,6 +75,7 @@ static void release_threads(fab_rails_comm* rc) {
   for (int k = 0; k < rc->n; k++) {
     if (!(rc->threads & (1u << k))) continue;
     rc->c[k]->helped = 0;
+    fab_comm_recv_let_go(rc->c[k]); /* before the thread may stop: its hold is a count on the endpoint */
     fab_ep_helper_release(rc->c[k]->ep);
   }
   rc->threads = 0;

@@ -23,6 +23,7 @@ void fab_params_defaults(struct fab_params* params) {
   params->nic_rails = 0;
   params->rail_threads = -1;
   params->rail_small_max = 65536u;
+  params->rail_tiny_max = 16384u;
   params->stripe_threshold = 4194304u;
   params->stripe_size = 131072u;
   snprintf(params->transport, sizeof params->transport, "%s", "auto");
@@ -52,6 +53,7 @@ const char* const fab_param_names[] = {
     "FABRIC_NIC_RAILS",
     "FABRIC_RAIL_THREADS",
     "FABRIC_RAIL_SMALL_MAX",
+    "FABRIC_RAIL_TINY_MAX",
     "FABRIC_STRIPE_THRESHOLD",
     "FABRIC_STRIPE_SIZE",
     "FABRIC_TRANSPORT",
@@ -259,6 +261,19 @@ int fab_params_load(struct fab_params* params, char* errbuf, size_t errbuf_size)
       bad++;
     } else {
       params->rail_small_max = (size_t)v;
+    }
+  }
+
+  if ((s = getenv("FABRIC_RAIL_TINY_MAX")) != NULL) {
+    unsigned long long v;
+    if (parse_size(s, &v) != 0) {
+      complain(errbuf, errbuf_size, "FABRIC_RAIL_TINY_MAX=%s is not a size (bytes, optional K/M/G/T); using 16384", s);
+      bad++;
+    } else if (v > 1073741824u) {
+      complain(errbuf, errbuf_size, "FABRIC_RAIL_TINY_MAX=%s is outside %zu..%zu; using 16384", s, (size_t)0u, (size_t)1073741824u);
+      bad++;
+    } else {
+      params->rail_tiny_max = (size_t)v;
     }
   }
 

@@ -690,6 +690,100 @@ FT_PAIR_TEST(rails_threads_sleep_small_live, 120) {
   ft_side_close(&s);
 }
 
+/* Rounds of 8-byte ping-pong on tag 300 into receives of 128 KiB (as NCCL
+ * posts its slots): the parent sends first; every byte checked. */
+enum { SLOT = 128 << 10, TINY_TAG = 300 };
+static void tiny_rounds(ft_side* s, ft_conn* c, ft_mr* sm, ft_mr* rm, int rounds, uint64_t salt) {
+  int parent = ft_role() == FT_PARENT, got[FAB_MAX_RECVS];
+  for (int i = 0; i < rounds; i++) {
+    ft_fill(sm->buf, 8, salt + (uint64_t)i * 2 + (uint64_t)!parent);
+    for (int leg = 0; leg < 2; leg++) {
+      void* req;
+      size_t cap = SLOT;
+      int tag = TINY_TAG;
+      if (parent == (leg == 0)) req = post_send(s, c->send_comm, sm->buf, 8, tag, sm->mh);
+      else req = post_recv(s, c->recv_comm, 1, &rm->buf, &cap, &tag, &rm->mh);
+      ft_wait_all(s, &req, 1, got, 1, T_MS, "an 8-byte message into a 128 KiB receive");
+      if (parent != (leg == 0)) FT_CHECK(got[0] == 8, "an 8-byte message reported %d bytes", got[0]);
+    }
+    ft_verify_or_fail(rm->buf, 8, salt + (uint64_t)i * 2 + (uint64_t)parent, "an 8-byte ping-pong message");
+  }
+}
+
+/* Receives on tag 300 into rm[0..n-1] (the next n messages of the tag, on
+ * the rails in turn), of cap bytes each. */
+static void slot_receives_post(ft_side* s, ft_conn* c, ft_mr* rm, int n, size_t cap, void** reqs) {
+  for (int i = 0; i < n; i++) {
+    size_t len = cap;
+    int tag = TINY_TAG;
+    reqs[i] = post_recv(s, c->recv_comm, 1, &rm[i].buf, &len, &tag, &rm[i].mh);
+  }
+}
+
+/* Messages i = from..n-1 of those receives, len[i] bytes each from sm, and
+ * the receives checked. */
+static void slot_receives_end(ft_side* s, ft_conn* c, ft_mr* sm, ft_mr* rm, int from, int n, const size_t* len,
+                              void** rreqs, uint64_t salt) {
+  void* reqs[8];
+  int k = 0;
+  for (int i = from; i < n; i++) {
+    ft_fill((char*)sm->buf + SLOT * i, len[i], salt + (uint64_t)i * 2 + (uint64_t)ft_role());
+    reqs[k++] = rreqs[i];
+    reqs[k++] = post_send(s, c->send_comm, (char*)sm->buf + SLOT * i, len[i], TINY_TAG, sm->mh);
+  }
+  int got[8][FAB_MAX_RECVS];
+  ft_wait_all(s, reqs, k, &got[0][0], FAB_MAX_RECVS, T_MS, "messages into 128 KiB receives");
+  int other = ft_role() == FT_PARENT ? FT_CHILD : FT_PARENT;
+  for (int i = from; i < n; i++) {
+    FT_CHECK(got[2 * (i - from)][0] == (int)len[i], "a %zu-byte message into a 128 KiB receive reported %d bytes",
+             len[i], got[2 * (i - from)][0]);
+    ft_verify_or_fail(rm[i].buf, len[i], salt + (uint64_t)i * 2 + (uint64_t)other, "a message into a 128 KiB receive");
+  }
+}
+
+/* NCCL posts 128 KiB slots and larger for messages of any size. After a
+ * run of tiny messages into such receives, a comm's receives count as small
+ * (FABRIC_RAIL_TINY_MAX): the rails' threads sleep while such receives wait,
+ * as in a phase of small operations. A larger message into one of them still
+ * lands (read by the tests), and the comm then holds its rail's thread
+ * polling for its other receives posted so, and only for them: once they are
+ * done, receives small by their size leave the threads asleep again. */
+FT_PAIR_TEST(rails_threads_tiny_into_slots, 120) {
+  ft_side s;
+  ft_conn c;
+  if (!open_threaded_rails(&s, peer, &c)) return;
+  ft_mr sm, rm[4];
+  ft_mr_alloc(&s, &sm, c.send_comm, 4 * SLOT);
+  for (int i = 0; i < 4; i++) ft_mr_alloc(&s, &rm[i], c.recv_comm, SLOT);
+  tiny_rounds(&s, &c, &sm, &rm[0], 40, 1000); /* 20 messages on each rail */
+  void* rreqs[4];
+  slot_receives_post(&s, &c, rm, 4, SLOT, rreqs); /* rails 0, 1, 0, 1 */
+  ft_sync(peer, "slots posted", T_MS);
+  long spent_ms = idle_rail_threads_cpu_ms();
+  FT_CHECK(spent_ms <= 50, "the rail threads used %ld ms of CPU in 500 ms while 128 KiB receives waited after a run "
+           "of 8-byte messages", spent_ms);
+  ft_sync(peer, "measured asleep", T_MS);
+  size_t len[4] = {64 << 10, 8, 8, 8}; /* the first larger than tiny: rail 0's comm holds for its third */
+  slot_receives_end(&s, &c, &sm, rm, 0, 1, len, rreqs, 2000);
+  ft_sync(peer, "large landed", T_MS);
+  spent_ms = idle_rail_threads_cpu_ms();
+  FT_CHECK(spent_ms >= 100, "the rail threads used only %ld ms of CPU in 500 ms while a 128 KiB receive waited on a "
+           "rail whose last message was large: the comm should hold its thread polling", spent_ms);
+  ft_sync(peer, "measured held", T_MS);
+  slot_receives_end(&s, &c, &sm, rm, 1, 4, len, rreqs, 3000);
+  slot_receives_post(&s, &c, rm, 2, 8, rreqs); /* small by their size: no hold outlives the receives it was for */
+  ft_sync(peer, "small posted", T_MS);
+  spent_ms = idle_rail_threads_cpu_ms();
+  FT_CHECK(spent_ms <= 50, "the rail threads used %ld ms of CPU in 500 ms while only 8-byte receives waited",
+           spent_ms);
+  ft_sync(peer, "measured asleep again", T_MS);
+  slot_receives_end(&s, &c, &sm, rm, 0, 2, len + 2, rreqs, 4000);
+  ft_mr_free(&s, &sm);
+  for (int i = 0; i < 4; i++) ft_mr_free(&s, &rm[i]);
+  ft_close_all(&s, &c, 1);
+  ft_side_close(&s);
+}
+
 /* An 8-byte receive on each of two rails (tags 400 and 401: message 0 of
  * each falls on rail 0 and rail 1), so that only small requests are live
  * there and the rails' threads sleep as in a phase of small messages. */

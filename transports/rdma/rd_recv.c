@@ -247,7 +247,7 @@ fab_result rd_irecv(fab_comm* c, int n, void** data, const size_t* sizes, const 
   ssize_t err = 0;
   pthread_mutex_lock(&c->ep->lock);
   for (int i = 0; i < n; i++) {
-    fab_req_sized(r, sizes[i]); /* before its post: a rail's thread polls for a large one */
+    fab_req_sized_recv(r, sizes[i]); /* before its post: a rail's thread polls for a large one */
     ssize_t e = post_buffer(c, r, i, data[i], sizes[i], tags[i], mrs[i]);
     if (e && !err) err = e;
   }
@@ -308,6 +308,7 @@ static int copy_out(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint32
 
 void rd_recv_complete(fab_comm* c, fab_req* r, rd_rsub* b, const void* src, uint32_t size) {
   b->eager = src != NULL;
+  fab_comm_recv_seen(c, size);
   if (size <= b->size) {
     if (src && size) copy_out(c, r, b, src, size);
     b->got = size;
@@ -375,6 +376,7 @@ static void asked_for(fab_comm* c, fab_req* r, uint32_t i, rd_rsub* b) {
 static void tagged_data(fab_comm* c, fab_req* r, rd_rsub* b, size_t len) {
   rd_r(c)->ahead = 0;
   b->via_tag = 1;
+  fab_comm_recv_seen(c, len);
   if (FAB_UNLIKELY(len > b->size)) overflowed(c, r, b, len);
   else b->got = len;
   settle(r, b, b->parts);

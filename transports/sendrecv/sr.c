@@ -73,6 +73,7 @@ static void sub_done(fab_op* op, const fab_cqe* done, const struct fi_cq_err_ent
   sr_sub* s = &SR(r)->sub[op->index];
   if (FAB_LIKELY(done != NULL)) {
     s->got = done->len;
+    if (r->type == FAB_REQ_RECV) fab_comm_recv_seen(r->comm, done->len);
     if (FAB_UNLIKELY(s->got > s->size)) atomic_store_explicit(&SR(r)->overflow, 1, memory_order_relaxed);
   } else {
     s->got = fab_req_op_failed(r, s->size, (int)(uint32_t)s->tag, err);
@@ -273,7 +274,7 @@ static fab_result irecv_one(fab_comm* c, fab_req* r, void* data, size_t size, in
   s->tag = c->tag_base | (uint32_t)tag;
   r->size = size;
   r->tag = tag;
-  fab_req_sized(r, size);
+  fab_req_sized_recv(r, size);
   sub_set_state(s, FAB_SUB_POSTED);
   ssize_t rc = post_recv(c, s);
   if (FAB_UNLIKELY(rc == -FI_EAGAIN)) {
@@ -299,7 +300,7 @@ static fab_result sr_irecv(fab_comm* c, int n, void** data, const size_t* sizes,
   r->size = sizes[0];
   r->tag = tags[0];
   for (int i = 0; i < n; i++) {
-    fab_req_sized(r, sizes[i]);
+    fab_req_sized_recv(r, sizes[i]);
     sr_sub* s = &SR(r)->sub[i];
     s->data = data[i];
     s->size = sizes[i];
