@@ -34,6 +34,55 @@ static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npendin
   return r;
 }
 
+/* A recv comm's receives are sized by the messages it gets, not only by the
+ * size they are posted with (NCCL posts 128 KiB slots and more for a message
+ * of any size): after FAB_TINY_RUN messages in a row of at most
+ * FABRIC_RAIL_TINY_MAX bytes, a receive posted larger than
+ * FABRIC_RAIL_SMALL_MAX counts as small (a guessed receive: fab_req_sized_recv)
+ * and its rail's thread leaves the CQ to the runtime's tests. A larger
+ * message ends the run, and if guessed receives are still live the comm
+ * holds the thread polling for them (one count of helper_large) until the
+ * last of them is done. Completions are dispatched by whichever thread reads
+ * them and requests may be freed by a sweep, so the hold changes hands by
+ * compare-and-swap: one count taken, one given back, none after the comm
+ * lets go of its thread (OFF). */
+enum { FAB_TINY_RUN = 16 };
+enum { FAB_RECV_HOLD_NONE = 0, FAB_RECV_HOLD_LARGE = 1, FAB_RECV_HOLD_OFF = 2 };
+static inline int fab_comm_recv_hold_move(fab_comm* c, uint8_t from, uint8_t to, int delta) {
+  uint8_t expect = from;
+  if (atomic_load_explicit(&c->recv_hold, memory_order_relaxed) != from ||
+      !atomic_compare_exchange_strong(&c->recv_hold, &expect, to))
+    return 0;
+  fab_ep_helper_large(c->ep, delta);
+  return 1;
+}
+/* A message of `bytes` landed in one of c's receives. */
+static inline void fab_comm_recv_seen(fab_comm* c, size_t bytes) {
+  size_t tiny = fab_g.params.rail_tiny_max;
+  if (FAB_LIKELY(!c->helped) || tiny == 0) return;
+  if (bytes <= tiny) {
+    uint8_t run = atomic_load_explicit(&c->recv_tiny_run, memory_order_relaxed);
+    if (run < FAB_TINY_RUN) /* a step lost to a concurrent one only delays the run */
+      atomic_store_explicit(&c->recv_tiny_run, (uint8_t)(run + 1), memory_order_relaxed);
+    return;
+  }
+  atomic_store_explicit(&c->recv_tiny_run, 0, memory_order_relaxed);
+  if (atomic_load(&c->recv_guessed) > 0 && fab_comm_recv_hold_move(c, FAB_RECV_HOLD_NONE, FAB_RECV_HOLD_LARGE, 1) &&
+      atomic_load(&c->recv_guessed) == 0) /* the last one went meanwhile: its put found no hold to give back */
+    fab_comm_recv_hold_move(c, FAB_RECV_HOLD_LARGE, FAB_RECV_HOLD_NONE, -1);
+}
+/* Whether c's receives count as small whatever their posted size. */
+static inline int fab_comm_recv_tiny(fab_comm* c) {
+  return c->helped && atomic_load_explicit(&c->recv_tiny_run, memory_order_relaxed) >= FAB_TINY_RUN;
+}
+/* A guessed receive of c is done: the last one gives the hold back. */
+static inline void fab_comm_recv_guess_done(fab_comm* c) {
+  if (atomic_fetch_sub(&c->recv_guessed, 1) == 1) fab_comm_recv_hold_move(c, FAB_RECV_HOLD_LARGE, FAB_RECV_HOLD_NONE, -1);
+}
+/* c lets go of its endpoint's thread: its hold goes back, for good. */
+static inline void fab_comm_recv_let_go(fab_comm* c) {
+  if (atomic_exchange(&c->recv_hold, FAB_RECV_HOLD_OFF) == FAB_RECV_HOLD_LARGE) fab_ep_helper_large(c->ep, -1);
+}
 /* r moves bytes (a send's size, a receive's largest buffer): above
  * FABRIC_RAIL_SMALL_MAX it counts as large while it lives, where its
  * endpoint's thread runs. */

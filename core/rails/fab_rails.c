@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "fab_conn.h"
+#include "fab_req.h"
 
 /* Rails of device d: its members when it is a virtual device of several,
  * else 1. */
