@@ -49,10 +49,8 @@ static inline fab_req* fab_req_get(fab_comm* c, uint8_t type, int n, int npendin
 enum { FAB_TINY_RUN = 16 };
 enum { FAB_RECV_HOLD_NONE = 0, FAB_RECV_HOLD_LARGE = 1, FAB_RECV_HOLD_OFF = 2 };
 static inline int fab_comm_recv_hold_move(fab_comm* c, uint8_t from, uint8_t to, int delta) {
-  uint8_t expect = from;
-  if (atomic_load_explicit(&c->recv_hold, memory_order_relaxed) != from ||
-      !atomic_compare_exchange_strong(&c->recv_hold, &expect, to))
-    return 0;
+  uint8_t expect = from; /* a seq_cst CAS, not a relaxed look first: it must see the other side's count */
+  if (!atomic_compare_exchange_strong(&c->recv_hold, &expect, to)) return 0;
   fab_ep_helper_large(c->ep, delta);
   return 1;
 }
@@ -62,8 +60,9 @@ static inline void fab_comm_recv_seen(fab_comm* c, size_t bytes) {
   if (FAB_LIKELY(!c->helped) || tiny == 0) return;
   if (bytes <= tiny) {
     uint8_t run = atomic_load_explicit(&c->recv_tiny_run, memory_order_relaxed);
-    if (run < FAB_TINY_RUN) /* a step lost to a concurrent one only delays the run */
-      atomic_store_explicit(&c->recv_tiny_run, (uint8_t)(run + 1), memory_order_relaxed);
+    if (run < FAB_TINY_RUN) /* never over a concurrent reset: a step lost to another step only delays the run */
+      atomic_compare_exchange_strong_explicit(&c->recv_tiny_run, &run, (uint8_t)(run + 1), memory_order_relaxed,
+                                              memory_order_relaxed);
     return;
   }
   atomic_store_explicit(&c->recv_tiny_run, 0, memory_order_relaxed);
