@@ -190,14 +190,14 @@ int info_probe(info_report* r, const char* plugin_path) {
   probe_env(r);
   snprintf(r->plugin, INFO_LINE, "%s", plugin_path);
   void* dl = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
-  if (!dl) {
+  if (dl) {
+    probe_plugin(r, dl);
+    dlclose(dl);
+  } else {
     snprintf(r->load_error, INFO_LINE, "%s", dlerror());
-    probe_libfabric(r);
-    return -1;
   }
-  probe_plugin(r, dl);
-  dlclose(dl);
   probe_libfabric(r);
+  if (!dl) return -1;
   int ok = r->nversions > 0;
   for (int i = 0; i < r->nversions; i++) ok = ok && !r->versions[i].error[0] && r->versions[i].ndev > 0;
   return ok ? 0 : -1;
