@@ -619,7 +619,6 @@ static inline void fab_ep_helper_large(fab_endpoint* ep, int delta) {
 static inline int fab_ep_helper_small_only(fab_endpoint* ep) {
   return atomic_load_explicit(&ep->helper_large, memory_order_relaxed) <= 0;
 }
-
 /* Counts one live request of ep's comms where its thread runs (then 1; to
  * be given back with fab_ep_helper_idle), else 0. */
 static inline int fab_ep_helper_hold(fab_endpoint* ep) {

@@ -9,7 +9,7 @@ import sys
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
-SKIP_DIRS = {".git", "build", "generated", "node_modules"}
+SKIP_DIRS = {"generated", "node_modules"}  # and build*, .* (below)
 
 
 def markdown_files(root):
